@@ -1,0 +1,246 @@
+// File-level apply of rendered Nginx files (independent of the controller):
+//   plan   — compare rendered files with the owned files (MARKER) in the conf dir;
+//   apply  — write the change into a candidate copy, `nginx -t` it, hold back the files that
+//            fail (found from nginx's "in <file>:<line>", else by bisection), swap the rest in
+//            atomically, reload once; a refused reload restores the previous files.
+
+import { randomBytes } from 'node:crypto';
+import { mkdir, readFile, readdir, rename, rm, unlink, writeFile } from 'node:fs/promises';
+import { basename, dirname, join, relative } from 'node:path';
+import type { Logger } from 'pino';
+import { ProxyError } from '../../errors.js';
+import { MARKER, SITES_SUBDIR } from './names.js';
+import type { TestResult } from './nginx-process.js';
+
+export { unifiedDiff } from './diff.js';
+
+export interface FilePlan {
+  create: { name: string; text: string }[];
+  update: { name: string; text: string; previous: string }[];
+  delete: { name: string; previous: string }[];
+  unchanged: string[];
+  /** Rendered names that exist as foreign files (no MARKER): skipped, never overwritten. */
+  conflicts: string[];
+}
+
+export interface ApplyResult {
+  applied: string[];
+  heldBack: { file: string; message: string }[];
+  reloaded: boolean;
+  /** The reload failed and the previous files were restored (and reloaded again). */
+  rolledBack?: boolean;
+}
+
+export function isOwned(text: string): boolean {
+  return text === MARKER || text.startsWith(`${MARKER}\n`);
+}
+
+/** Every *.conf in the conf dir and its sites/ subdir, by name relative to the conf dir. */
+async function listConf(dir: string): Promise<string[]> {
+  const names: string[] = [];
+  for (const sub of ['', SITES_SUBDIR]) {
+    const entries = await readdir(join(dir, sub), { withFileTypes: true }).catch((e: NodeJS.ErrnoException) => {
+      if (e.code === 'ENOENT') return [];
+      throw e;
+    });
+    for (const e of entries) if (e.isFile() && e.name.endsWith('.conf')) names.push(sub ? `${sub}/${e.name}` : e.name);
+  }
+  return names.sort();
+}
+
+/** Read the owned files of a conf dir; foreign files are only listed, their content is ignored. */
+export async function readOwned(dir: string): Promise<{ owned: Map<string, string>; foreign: Set<string> }> {
+  const owned = new Map<string, string>();
+  const foreign = new Set<string>();
+  for (const name of await listConf(dir)) {
+    const text = await readFile(join(dir, name), 'utf8');
+    if (isOwned(text)) owned.set(name, text);
+    else foreign.add(name);
+  }
+  return { owned, foreign };
+}
+
+/** Compare rendered files (name relative to the conf dir → text) with what the dir holds. */
+export async function planFiles(rendered: Map<string, string>, confDir: string): Promise<FilePlan> {
+  const { owned, foreign } = await readOwned(confDir);
+  const plan: FilePlan = { create: [], update: [], delete: [], unchanged: [], conflicts: [] };
+  for (const [name, text] of [...rendered].sort(([a], [b]) => (a < b ? -1 : 1))) {
+    if (name.includes('..') || name.startsWith('/')) throw new ProxyError('DP_ERR_INTERNAL', `bad file name ${name}`);
+    const prev = owned.get(name);
+    if (prev === undefined) {
+      if (foreign.has(name)) plan.conflicts.push(name);
+      else plan.create.push({ name, text });
+    } else if (prev === text) plan.unchanged.push(name);
+    else plan.update.push({ name, text, previous: prev });
+  }
+  for (const [name, previous] of owned) if (!rendered.has(name)) plan.delete.push({ name, previous });
+  return plan;
+}
+
+export function isEmptyPlan(p: FilePlan): boolean {
+  return p.create.length + p.update.length + p.delete.length === 0;
+}
+
+/** Write a file as temp + rename, so a concurrent reload never sees it half-written. */
+export async function writeAtomic(path: string, text: string): Promise<void> {
+  await mkdir(dirname(path), { recursive: true });
+  const tmp = join(dirname(path), `.${basename(path)}.${randomBytes(4).toString('hex')}.tmp`);
+  await writeFile(tmp, text, { mode: 0o644 });
+  await rename(tmp, path);
+}
+
+async function removeFile(path: string): Promise<void> {
+  await unlink(path).catch((e: NodeJS.ErrnoException) => {
+    if (e.code !== 'ENOENT') throw e;
+  });
+}
+
+export interface ApplyOptions {
+  plan: FilePlan;
+  /** The managed conf dir (global file + sites/), included by the main conf. */
+  sitesDir: string;
+  /** The main conf; it must include sitesDir by its literal path (the candidate copy swaps it). */
+  mainConfPath: string;
+  /** `nginx -t` of a main conf (e.g. testConfig with the private prefix). */
+  test: (confPath: string) => Promise<TestResult>;
+  reload: () => Promise<void>;
+  logger?: Logger;
+}
+
+type Change = { name: string; text: string; previous: string | null };
+
+/**
+ * Apply a plan: test the candidate tree, hold back files that fail, swap the rest in, reload
+ * once. An empty plan touches nothing.
+ */
+export async function applyFiles(opts: ApplyOptions): Promise<ApplyResult> {
+  const { plan, sitesDir, logger } = opts;
+  if (isEmptyPlan(plan)) return { applied: [], heldBack: [], reloaded: false };
+  const changes: Change[] = [
+    ...plan.create.map((c) => ({ ...c, previous: null })),
+    ...plan.update.map((u) => ({ name: u.name, text: u.text, previous: u.previous })),
+  ];
+
+  // 1. Test: find the changes the candidate tree accepts.
+  const { accepted, heldBack } = await withCandidate(opts, (tryWith) => selectGood(changes, tryWith));
+  if (accepted === null) {
+    const all = [...changes.map((c) => c.name), ...plan.delete.map((d) => d.name)];
+    return { applied: [], heldBack: all.map((file) => ({ file, message: heldBack[0]?.message ?? 'nginx -t failed' })), reloaded: false };
+  }
+  if (accepted.length === 0 && plan.delete.length === 0) return { applied: [], heldBack, reloaded: false };
+
+  // 2. Swap the accepted files into the real dir, remove deleted owned files.
+  for (const c of accepted) await writeAtomic(join(sitesDir, c.name), c.text);
+  for (const d of plan.delete) await removeFile(join(sitesDir, d.name));
+  const applied = [...accepted.map((c) => c.name), ...plan.delete.map((d) => d.name)];
+
+  // 3. Reload once; a refused reload restores the previous files and reloads again.
+  try {
+    await opts.reload();
+    return { applied, heldBack, reloaded: true };
+  } catch (err) {
+    const message = `reload failed: ${err instanceof Error ? err.message : String(err)}`;
+    logger?.error({ err: message, files: applied }, 'nginx reload failed, rolling back');
+    for (const c of accepted) {
+      if (c.previous === null) await removeFile(join(sitesDir, c.name));
+      else await writeAtomic(join(sitesDir, c.name), c.previous);
+    }
+    for (const d of plan.delete) await writeAtomic(join(sitesDir, d.name), d.previous);
+    try {
+      await opts.reload();
+    } catch (err2) {
+      logger?.error({ err: err2 instanceof Error ? err2.message : String(err2) }, 'nginx reload after rollback failed');
+    }
+    return { applied: [], heldBack: [...heldBack, ...applied.map((file) => ({ file, message }))], reloaded: false, rolledBack: true };
+  }
+}
+
+/**
+ * Which changes can go in together. null when even the tree without any change fails (a broken
+ * foreign file, say): then nothing can be applied safely.
+ */
+async function selectGood(
+  changes: Change[],
+  tryWith: (names: Set<string>) => Promise<TestResult & { relFile?: string }>,
+): Promise<{ accepted: Change[] | null; heldBack: { file: string; message: string }[] }> {
+  const heldBack: { file: string; message: string }[] = [];
+  const accepted: Change[] = [];
+  const first = await tryWith(new Set(changes.map((c) => c.name)));
+  if (first.ok) return { accepted: changes, heldBack };
+  const base = await tryWith(new Set());
+  if (!base.ok) return { accepted: null, heldBack: [{ file: base.relFile ?? '', message: base.message }] };
+
+  const search = async (cands: Change[], known?: TestResult & { relFile?: string }): Promise<void> => {
+    if (cands.length === 0) return;
+    const r = known ?? (await tryWith(new Set([...accepted, ...cands].map((c) => c.name))));
+    if (r.ok) {
+      accepted.push(...cands);
+      return;
+    }
+    if (cands.length === 1) {
+      heldBack.push({ file: cands[0]!.name, message: r.message });
+      return;
+    }
+    // nginx names the file it choked on: hold that one back and retry the rest.
+    const named = cands.find((c) => c.name === r.relFile);
+    if (named) {
+      heldBack.push({ file: named.name, message: r.message });
+      await search(cands.filter((c) => c !== named));
+      return;
+    }
+    const mid = Math.ceil(cands.length / 2);
+    await search(cands.slice(0, mid));
+    await search(cands.slice(mid));
+  };
+  await search(changes, first);
+  return { accepted, heldBack };
+}
+
+/**
+ * Build a candidate copy of the conf dir (current files minus deletions) and a candidate main
+ * conf including it; `fn` tries subsets of the changes on it. Both are removed afterwards.
+ */
+async function withCandidate<T>(
+  opts: ApplyOptions,
+  fn: (tryWith: (names: Set<string>) => Promise<TestResult & { relFile?: string }>) => Promise<T>,
+): Promise<T> {
+  const { plan, sitesDir, mainConfPath } = opts;
+  const mainText = await readFile(mainConfPath, 'utf8');
+  if (!mainText.includes(sitesDir)) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `${mainConfPath} does not include the managed dir ${sitesDir}`);
+  }
+  const id = randomBytes(4).toString('hex');
+  const candDir = join(dirname(sitesDir), `.${basename(sitesDir)}.candidate-${id}`);
+  const candConf = join(dirname(mainConfPath), `.dstack-proxy-candidate-${id}.conf`);
+  try {
+    await mkdir(join(candDir, SITES_SUBDIR), { recursive: true });
+    const deleted = new Set(plan.delete.map((d) => d.name));
+    for (const name of await listConf(sitesDir)) {
+      if (!deleted.has(name)) await writeFile(join(candDir, name), await readFile(join(sitesDir, name)));
+    }
+    await writeFile(candConf, mainText.split(sitesDir).join(candDir));
+    const changes: Change[] = [
+      ...plan.create.map((c) => ({ ...c, previous: null })),
+      ...plan.update.map((u) => ({ name: u.name, text: u.text, previous: u.previous })),
+    ];
+    const state = new Map<string, string | null>(changes.map((c) => [c.name, c.previous]));
+    const tryWith = async (names: Set<string>) => {
+      for (const c of changes) {
+        const want = names.has(c.name) ? c.text : c.previous;
+        if (state.get(c.name) === want) continue;
+        if (want === null) await removeFile(join(candDir, c.name));
+        else await writeFile(join(candDir, c.name), want);
+        state.set(c.name, want);
+      }
+      const r = await opts.test(candConf);
+      if (r.ok) return r;
+      const relFile = r.file && r.file.startsWith(`${candDir}/`) ? relative(candDir, r.file) : undefined;
+      const message = r.message.split(candDir).join(sitesDir);
+      return relFile === undefined ? { ...r, message } : { ...r, message, relFile };
+    };
+    return await fn(tryWith);
+  } finally {
+    await rm(candDir, { recursive: true, force: true });
+    await rm(candConf, { force: true });
+  }
+}

@@ -1,0 +1,240 @@
+// View model → Nginx config text, one function per file kind. Pure: same view, same bytes.
+//
+// How a request flows through a service site (and what $dstack_replica_hit logs):
+//   server level (rewrite phase): HTTP → HTTPS redirect, CORS preflight 204      → hit 0
+//   location <prefix>: access phase (allow 127.0.0.1 | auth_request) → 401/403  → hit 0
+//                      preaccess phase (limit_req) → 429                          → hit 0
+//                      try_files /nonexistent @dstack_replica (after both checks)
+//   location @dstack_replica: `set $dstack_replica_hit 1`, then proxy_pass, or 503 when the
+//                      service has no replica (counted as a hit, so autoscaling sees demand
+//                      and can scale from zero).
+// `set` runs in the rewrite phase, before access and limit_req; putting it in the named
+// location that try_files enters after both is what keeps 401/429 out of the hit count.
+
+import { MARKER, quote } from './names.js';
+import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
+
+export { MARKER, fileNameFor, limitKeyVariable, quote, rateFor, upstreamName, zoneName } from './names.js';
+
+export const UPSTREAM_KEEPALIVE = 64;
+export const LIMIT_REQ_ZONE_SIZE = '10m';
+export const REPLICA_LOCATION = '@dstack_replica';
+export const AUTH_LOCATION = '/_dstack_auth';
+export const ACME_PREFIX = '/.well-known/acme-challenge/';
+
+const CORS_METHODS = 'GET, POST, PUT, PATCH, DELETE, OPTIONS';
+const CORS_HEADERS = 'Authorization, Content-Type, Accept, OpenAI-Organization, OpenAI-Project, X-Requested-With';
+
+type Lines = string[];
+
+function block(head: string, body: Lines): Lines {
+  return [`${head} {`, ...body.map((l) => (l === '' ? '' : `    ${l}`)), '}'];
+}
+
+function text(lines: Lines): string {
+  return `${lines.join('\n')}\n`;
+}
+
+/** The http-level file: log format, maps, default servers. */
+export function renderGlobal(v: GlobalView): string {
+  const l: Lines = [MARKER, '# dstack-proxy: http-level settings shared by every site.', ''];
+  l.push("log_format dstack_stat '$time_iso8601 $host $status $request_time $dstack_replica_hit';", '');
+  l.push('# 1 once a request reaches the location that proxies to a replica, 0 for answers given before');
+  l.push('# (HTTPS redirect, 401/403 from auth, 429 from limit_req). Defined here so every server has it.');
+  l.push(...block('map $host $dstack_replica_hit', ['default 0;']), '');
+  l.push('# Upstream keepalive needs Connection "" on plain requests; WebSocket upgrades pass "upgrade".');
+  l.push(...block('map $http_upgrade $dstack_connection_upgrade', ["default upgrade;", "'' '';"]), '');
+  if (v.serverNamesHash) {
+    l.push('server_names_hash_bucket_size 128;', 'server_names_hash_max_size 65536;', '');
+  }
+  if (v.defaultServer) {
+    l.push('# Unknown hosts: 404, except ACME HTTP-01 challenges for domains without a site yet.');
+    l.push(
+      ...block('server', [
+        `listen ${v.listenHttp} default_server;`,
+        'server_name _;',
+        'access_log off;',
+        ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`]),
+        ...block('location /', ['return 404;']),
+      ]),
+      '',
+    );
+    l.push('# Unknown TLS server names: refuse the handshake rather than show another site\'s certificate.');
+    l.push(
+      ...block('server', [
+        `listen ${v.listenHttps} ssl http2 default_server;`,
+        'server_name _;',
+        'access_log off;',
+        'ssl_reject_handshake on;',
+      ]),
+    );
+  }
+  return text(l);
+}
+
+/** A site file: a service's or an entrypoint's server block with what it needs at http level. */
+export function renderSite(v: SiteView): string {
+  return v.kind === 'service' ? renderServiceSite(v) : renderEntrypointSite(v);
+}
+
+function serverHead(v: SiteCommon): Lines {
+  const l: Lines = [`server_name ${v.domain};`, `listen ${v.listenHttp};`];
+  if (v.tls) {
+    l.push(
+      `listen ${v.tls.listen} ssl http2;`,
+      `ssl_certificate ${quote(v.tls.certPath)};`,
+      `ssl_certificate_key ${quote(v.tls.keyPath)};`,
+      'ssl_protocols TLSv1.2 TLSv1.3;',
+      'ssl_session_cache shared:dstack_ssl:10m;',
+      'ssl_session_timeout 1d;',
+    );
+  }
+  l.push('', `access_log ${quote(v.accessLogPath)} dstack_stat;`, `client_max_body_size ${v.clientMaxBodySize};`);
+  return l;
+}
+
+function redirectAndCors(v: SiteCommon): Lines {
+  const l: Lines = [];
+  if (v.tls) {
+    l.push(
+      '',
+      '# HTTPS only, except ACME challenges and requests from the gateway itself.',
+      'set $dstack_redirect $scheme;',
+      ...block('if ($remote_addr = 127.0.0.1)', ['set $dstack_redirect local;']),
+      ...block('if ($uri ~ "^/\\.well-known/acme-challenge/")', ['set $dstack_redirect acme;']),
+      ...block('if ($dstack_redirect = http)', [`return 301 https://$host${v.tls.redirectPort}$request_uri;`]),
+    );
+  }
+  if (v.cors) {
+    l.push(
+      '',
+      `add_header Access-Control-Allow-Origin * always;`,
+      `add_header Access-Control-Allow-Methods ${quote(CORS_METHODS)} always;`,
+      `add_header Access-Control-Allow-Headers ${quote(CORS_HEADERS)} always;`,
+      ...block('if ($request_method = OPTIONS)', ['return 204;']),
+    );
+  }
+  return l;
+}
+
+function acmeLocation(v: SiteCommon): Lines {
+  return ['', ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`])];
+}
+
+function forwardedHeaders(): Lines {
+  return [
+    'proxy_set_header Host $host;',
+    'proxy_set_header X-Real-IP $remote_addr;',
+    'proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;',
+    'proxy_set_header X-Forwarded-Proto $scheme;',
+  ];
+}
+
+function hideUpstreamCors(v: SiteCommon): Lines {
+  if (!v.cors) return [];
+  return [
+    'proxy_hide_header Access-Control-Allow-Origin;',
+    'proxy_hide_header Access-Control-Allow-Methods;',
+    'proxy_hide_header Access-Control-Allow-Headers;',
+  ];
+}
+
+function renderServiceSite(v: ServiceSiteView): string {
+  const l: Lines = [MARKER, `# service ${v.serviceKey}`, ''];
+  for (const z of v.zones) {
+    l.push(`limit_req_zone ${z.key} zone=${z.name}:${LIMIT_REQ_ZONE_SIZE} rate=${z.rate};`);
+  }
+  if (v.zones.length > 0) l.push('');
+  if (v.upstream) {
+    l.push(
+      ...block(`upstream ${v.upstream.name}`, [
+        ...v.upstream.servers.map((s) => `server ${quote(s)};`),
+        `keepalive ${UPSTREAM_KEEPALIVE};`,
+      ]),
+      '',
+    );
+  }
+
+  const body: Lines = [...serverHead(v), 'limit_req_status 429;', 'limit_req_log_level info;'];
+  body.push(...redirectAndCors(v), ...acmeLocation(v));
+
+  if (v.authUrl) {
+    body.push(
+      '',
+      '# auth_request target: 2xx lets the request through, 401/403 are returned to the client.',
+      ...block(`location = ${AUTH_LOCATION}`, [
+        'internal;',
+        `proxy_pass ${v.authUrl};`,
+        'proxy_pass_request_body off;',
+        'proxy_set_header Content-Length "";',
+        'proxy_set_header X-Original-URI $request_uri;',
+        'proxy_set_header Authorization $http_authorization;',
+      ]),
+    );
+  }
+
+  for (const loc of v.locations) {
+    const lb: Lines = [];
+    if (v.authUrl) {
+      // Requests from the gateway itself (e.g. the model API) skip auth; everyone else needs a token.
+      lb.push('satisfy any;', 'allow 127.0.0.1;', 'deny all;', `auth_request ${AUTH_LOCATION};`);
+    }
+    for (const lim of loc.limits) {
+      lb.push(lim.burst > 0 ? `limit_req zone=${lim.zone} burst=${lim.burst} nodelay;` : `limit_req zone=${lim.zone};`);
+    }
+    lb.push(`try_files /nonexistent ${REPLICA_LOCATION};`);
+    body.push('', ...block(`location ${quote(loc.prefix)}`, lb));
+  }
+
+  const rb: Lines = ['set $dstack_replica_hit 1;'];
+  if (v.upstream) {
+    rb.push(
+      `proxy_pass http://${v.upstream.name};`,
+      'proxy_http_version 1.1;',
+      ...forwardedHeaders(),
+      'proxy_set_header Upgrade $http_upgrade;',
+      'proxy_set_header Connection $dstack_connection_upgrade;',
+    );
+    if (v.authUrl) rb.push('proxy_set_header Authorization "";');
+    rb.push(
+      `proxy_read_timeout ${v.proxyReadTimeoutSec}s;`,
+      `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`,
+      'proxy_buffering off;',
+      ...hideUpstreamCors(v),
+    );
+  } else {
+    const body503 = JSON.stringify({ detail: `Service ${v.serviceKey} has no running replicas` });
+    rb.push('default_type application/json;', `return 503 ${quote(body503)};`);
+  }
+  body.push('', ...block(`location ${REPLICA_LOCATION}`, rb));
+
+  l.push(...block('server', body));
+  return text(l);
+}
+
+function renderEntrypointSite(v: EntrypointSiteView): string {
+  const l: Lines = [MARKER, `# entrypoint of project ${v.project}: the OpenAI-compatible model API`, ''];
+  const body: Lines = [...serverHead(v), ...redirectAndCors(v), ...acmeLocation(v)];
+  body.push(
+    '',
+    ...block('location /', [
+      `proxy_pass ${v.target};`,
+      'proxy_http_version 1.1;',
+      ...forwardedHeaders(),
+      'proxy_set_header Connection "";',
+      `proxy_read_timeout ${v.proxyReadTimeoutSec}s;`,
+      `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`,
+      'proxy_buffering off;',
+      ...hideUpstreamCors(v),
+    ]),
+  );
+  l.push(...block('server', body));
+  return text(l);
+}
+
+/** Every file of a view set, keyed by file name relative to the managed conf dir. */
+export function renderAll(views: { global: GlobalView; sites: SiteView[] }): Map<string, string> {
+  const out = new Map<string, string>([[views.global.fileName, renderGlobal(views.global)]]);
+  for (const s of views.sites) out.set(s.fileName, renderSite(s));
+  return out;
+}

@@ -1,0 +1,238 @@
+// The typed view model the Nginx templates render (STYLE.md: "typed view model → one template →
+// text"). buildViews is pure: everything it needs from the world (certificates, upstream
+// addresses) comes in through options.
+
+import { ProxyError } from '../../errors.js';
+import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
+import { serviceKey } from '../../spec/types.js';
+import {
+  fileNameFor,
+  limitKeyVariable,
+  listenAddress,
+  rateFor,
+  serverAddress,
+  upstreamName,
+  zoneName,
+} from './names.js';
+
+export interface CertPaths {
+  certPath: string;
+  keyPath: string;
+}
+
+/** Where Nginx sends a service's traffic. */
+export type UpstreamTarget =
+  | { kind: 'direct'; servers: string[] } // "host:port" each
+  | { kind: 'socket'; path: string }; // one Unix socket per service (the SSH loop's balancer)
+
+export interface ViewOptions {
+  httpPort: number;
+  httpsPort: number;
+  /** '' listens on every address. Default '127.0.0.1'. */
+  listenHost?: string;
+  /** auth_request and model API target. Default 'http://127.0.0.1:8000'. */
+  apiUrl?: string;
+  /** Default 300 s. */
+  proxyReadTimeoutSec?: number;
+  acmeWebroot: string;
+  accessLogPath: string;
+  /** null: the certificate is not Ready, render HTTP only. Default: always null. */
+  certFor?: (domain: string) => CertPaths | null;
+  /** Default: the service's `direct` replicas; SSH replicas are skipped. */
+  upstreamFor?: (service: Service) => UpstreamTarget;
+  /** Render a default server (404 on HTTP, handshake rejected on HTTPS). Default true. */
+  defaultServer?: boolean;
+  /** Put server_names_hash_* in the global file (when the main conf doesn't). Default false. */
+  serverNamesHash?: boolean;
+}
+
+export interface TlsView {
+  listen: string;
+  certPath: string;
+  keyPath: string;
+  /** ":8443" when the HTTPS port is not 443, else "". Used in the redirect. */
+  redirectPort: string;
+}
+
+export interface SiteCommon {
+  domain: string;
+  fileName: string;
+  project: string;
+  listenHttp: string;
+  tls: TlsView | null;
+  accessLogPath: string;
+  acmeWebroot: string;
+  clientMaxBodySize: number;
+  proxyReadTimeoutSec: number;
+  /** CORS headers and OPTIONS → 204 (OpenAI-compatible APIs called from browsers). */
+  cors: boolean;
+}
+
+export interface ZoneView {
+  name: string;
+  key: string; // an Nginx variable, e.g. $binary_remote_addr
+  rate: string; // e.g. 2r/s, 30r/m
+}
+
+export interface LocationView {
+  prefix: string;
+  limits: { zone: string; burst: number }[];
+}
+
+export interface ServiceSiteView extends SiteCommon {
+  kind: 'service';
+  serviceKey: string;
+  /** null: no replica to send to, the site answers 503. */
+  upstream: { name: string; servers: string[] } | null;
+  zones: ZoneView[];
+  /** Sorted by prefix; always contains "/". */
+  locations: LocationView[];
+  /** auth_request target, or null when the service is public. */
+  authUrl: string | null;
+}
+
+export interface EntrypointSiteView extends SiteCommon {
+  kind: 'entrypoint';
+  /** proxy_pass target: the model API of the project. */
+  target: string;
+}
+
+export type SiteView = ServiceSiteView | EntrypointSiteView;
+
+export interface GlobalView {
+  kind: 'global';
+  fileName: string;
+  listenHttp: string;
+  listenHttps: string;
+  acmeWebroot: string;
+  defaultServer: boolean;
+  serverNamesHash: boolean;
+}
+
+export interface Views {
+  global: GlobalView;
+  sites: SiteView[];
+}
+
+export const DEFAULT_API_URL = 'http://127.0.0.1:8000';
+export const DEFAULT_PROXY_READ_TIMEOUT_SEC = 300;
+
+/** The default upstream: `direct` replicas as host:port; SSH replicas are not reachable yet. */
+export function directUpstream(service: Service): UpstreamTarget {
+  const servers: string[] = [];
+  for (const r of service.replicas) {
+    if (r.direct) servers.push(serverAddress(r.direct.host, r.direct.port));
+  }
+  return { kind: 'direct', servers };
+}
+
+function checkOptions(opts: ViewOptions): void {
+  for (const [name, port] of [['httpPort', opts.httpPort], ['httpsPort', opts.httpsPort]] as const) {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw new ProxyError('DP_ERR_BAD_OPTION', `${name} must be a port number, got ${String(port)}`);
+    }
+  }
+  const apiUrl = opts.apiUrl ?? DEFAULT_API_URL;
+  if (!/^https?:\/\/[A-Za-z0-9.\-[\]:]+$/.test(apiUrl)) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `apiUrl must be scheme://host[:port] without a path, got ${apiUrl}`);
+  }
+  const t = opts.proxyReadTimeoutSec ?? DEFAULT_PROXY_READ_TIMEOUT_SEC;
+  if (!Number.isInteger(t) || t < 1) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `proxyReadTimeoutSec must be a positive integer, got ${t}`);
+  }
+}
+
+/** Build the global view and one site view per service domain and per entrypoint. */
+export function buildViews(state: ProxyState, opts: ViewOptions): Views {
+  checkOptions(opts);
+  const listenHost = opts.listenHost ?? '127.0.0.1';
+  const apiUrl = opts.apiUrl ?? DEFAULT_API_URL;
+  const certFor = opts.certFor ?? (() => null);
+  const upstreamFor = opts.upstreamFor ?? directUpstream;
+  const listenHttp = listenAddress(listenHost, opts.httpPort);
+  const listenHttps = listenAddress(listenHost, opts.httpsPort);
+  const redirectPort = opts.httpsPort === 443 ? '' : `:${opts.httpsPort}`;
+
+  const common = (domain: string, project: string, https: boolean): SiteCommon => {
+    const cert = https ? certFor(domain) : null;
+    return {
+      domain,
+      fileName: fileNameFor({ kind: 'site', domain }),
+      project,
+      listenHttp,
+      tls: cert ? { listen: listenHttps, certPath: cert.certPath, keyPath: cert.keyPath, redirectPort } : null,
+      accessLogPath: opts.accessLogPath,
+      acmeWebroot: opts.acmeWebroot,
+      clientMaxBodySize: 0,
+      proxyReadTimeoutSec: opts.proxyReadTimeoutSec ?? DEFAULT_PROXY_READ_TIMEOUT_SEC,
+      cors: false,
+    };
+  };
+
+  const sites: SiteView[] = [];
+  for (const s of state.spec.services) {
+    if (!s.domain) continue; // in-server only
+    sites.push(serviceSite(s, common(s.domain, s.project, s.https), upstreamFor(s), apiUrl));
+  }
+  for (const e of state.spec.entrypoints) sites.push(entrypointSite(e, common(e.domain, e.project, e.https), apiUrl));
+
+  const seen = new Set<string>();
+  for (const site of sites) {
+    if (seen.has(site.domain)) throw new ProxyError('DP_ERR_INTERNAL', `duplicate domain ${site.domain}`);
+    seen.add(site.domain);
+  }
+  sites.sort((a, b) => (a.domain < b.domain ? -1 : a.domain > b.domain ? 1 : 0));
+
+  return {
+    global: {
+      kind: 'global',
+      fileName: fileNameFor({ kind: 'global' }),
+      listenHttp,
+      listenHttps,
+      acmeWebroot: opts.acmeWebroot,
+      defaultServer: opts.defaultServer ?? true,
+      serverNamesHash: opts.serverNamesHash ?? false,
+    },
+    sites,
+  };
+}
+
+function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, apiUrl: string): ServiceSiteView {
+  const key = serviceKey(s);
+  const servers = target.kind === 'socket' ? [`unix:${target.path}`] : target.servers;
+  const zones: ZoneView[] = [];
+  const byPrefix = new Map<string, LocationView>([['/', { prefix: '/', limits: [] }]]);
+  s.rateLimits.forEach((rl: RateLimit, i: number) => {
+    const keyVar = limitKeyVariable(rl.key);
+    const name = zoneName(key, i, keyVar);
+    zones.push({ name, key: keyVar, rate: rateFor(rl.rps) });
+    let loc = byPrefix.get(rl.prefix);
+    if (!loc) {
+      loc = { prefix: rl.prefix, limits: [] };
+      byPrefix.set(rl.prefix, loc);
+    }
+    loc.limits.push({ zone: name, burst: rl.burst });
+  });
+  const locations = [...byPrefix.values()].sort((a, b) => (a.prefix < b.prefix ? -1 : a.prefix > b.prefix ? 1 : 0));
+  return {
+    ...common,
+    kind: 'service',
+    serviceKey: key,
+    clientMaxBodySize: s.clientMaxBodySize,
+    cors: s.model?.format === 'openai',
+    upstream: servers.length > 0 ? { name: upstreamName(key), servers } : null,
+    zones,
+    locations,
+    authUrl: s.auth ? `${apiUrl}/api/auth/${s.project}` : null,
+  };
+}
+
+function entrypointSite(e: Entrypoint, common: SiteCommon, apiUrl: string): EntrypointSiteView {
+  return {
+    ...common,
+    kind: 'entrypoint',
+    clientMaxBodySize: 64 * 1024 * 1024, // 64 MiB, the service default
+    cors: true,
+    target: `${apiUrl}/api/models/${e.project}/`,
+  };
+}

@@ -1,0 +1,105 @@
+// The contract between the shared controller and each reconcile loop (DESIGN.md §3).
+
+import type { Logger } from 'pino';
+import type { ProxyState } from '../spec/types.js';
+import type { Clock } from './clock.js';
+import type { Condition, ConditionInput } from './conditions.js';
+
+/** What an action does; the usual three plus whatever a loop needs (`renew`, `reload`, …). */
+export type ActionKind = 'create' | 'update' | 'delete' | (string & {});
+
+/** One step from observed towards desired. `key` is stable across passes (a file, a replica id). */
+export interface Action<A> {
+  key: string;
+  kind: ActionKind;
+  /** One human sentence for plans and logs; never a secret. */
+  summary: string;
+  payload: A;
+  /** Optional unified diff for dry-run output (Nginx files). */
+  diff?: string;
+}
+
+/**
+ * What happens next for one key: `'done'`, or come back after a delay. A thrown error means
+ * "retry with backoff"; a thrown TerminalError means "not again until the next generation".
+ */
+export type ApplyResult = 'done' | { requeueAfterMs: number };
+
+/** Per-key outcome of a batch: a result, or the error that key failed with. */
+export type BatchOutcome = ApplyResult | { error: unknown };
+
+/** Per-object conditions a loop reports. Writes that change nothing are dropped. */
+export interface StatusWriter {
+  /** Sets one condition of `objectKey`; observedGeneration defaults to the pass's generation. */
+  set(objectKey: string, condition: Omit<ConditionInput, 'observedGeneration'> & { observedGeneration?: number }): void;
+  /** Removes an object and all its conditions. */
+  delete(objectKey: string): void;
+  /** Removes every object whose key is not in `keep`. */
+  prune(keep: Iterable<string>): void;
+  get(objectKey: string): readonly Condition[] | undefined;
+  keys(): string[];
+}
+
+/** Handed to observe/apply: what the loop may touch besides its own slice of the world. */
+export interface LoopContext {
+  /** The generation of the spec this pass works from. */
+  generation: number;
+  status: StatusWriter;
+  clock: Clock;
+  logger: Logger;
+}
+
+export interface Loop<D, O, A> {
+  name: string;
+  /** Loops whose status this loop reads in `desired`; their status changes trigger this loop. */
+  dependsOn?: readonly string[];
+  /** Pure. */
+  desired(spec: ProxyState, statuses: StatusSnapshot): D;
+  observe(ctx: LoopContext): Promise<O>;
+  /** Pure. Keys must be unique within one plan. */
+  plan(desired: D, observed: O): Action<A>[];
+  /** Applies one action. A loop defines this, or applyBatch, or both (then applyBatch wins). */
+  apply?(action: Action<A>, ctx: LoopContext): Promise<ApplyResult>;
+  /**
+   * Applies every eligible action of a pass at once (Nginx: one reload per batch). Returns an
+   * outcome per key; a key with no outcome counts as failed. Throwing fails every key.
+   */
+  applyBatch?(actions: Action<A>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>>;
+}
+
+/** A loop of any types, as the controller holds it. */
+export type AnyLoop = Loop<unknown, unknown, unknown>;
+
+/** An action key that is failing, as GET /api/v1/status shows it. */
+export interface FailureInfo {
+  message: string;
+  attempts: number;
+  /** True for a TerminalError: not retried until the next generation. */
+  terminal: boolean;
+  /** ISO time of the next retry, absent for terminal failures. */
+  retryAt?: string;
+}
+
+export interface LoopStatus {
+  /** Loop-level conditions: `Ready` and `Degraded`. */
+  conditions: Condition[];
+  /** Per-object conditions reported through ctx.status, by object key. */
+  objects: Record<string, Condition[]>;
+  /** Action keys currently failing, by action key. */
+  failures: Record<string, FailureInfo>;
+}
+
+export interface StatusSnapshot {
+  /** The generation of the spec as the controller last read it. */
+  generation: number;
+  loops: Record<string, LoopStatus>;
+}
+
+/** Per-loop counters, for /metrics. */
+export interface LoopCounters {
+  passes: number;
+  /** Failed passes plus failed actions. */
+  errors: number;
+  actionsApplied: number;
+  lastPassDurationMs: number;
+}

@@ -1,0 +1,32 @@
+// The state-store contract: the current normalised document with its generation and hash.
+// The gateway keeps it in state.json (file-store.ts); the in-server proxy in SQLite or
+// PostgreSQL behind the same interface.
+
+import type { ProxyState } from '../spec/index.js';
+
+export interface StoredState {
+  /** 0 before the first accepted document. */
+  generation: number;
+  hash: string;
+  state: ProxyState;
+  /** ISO time of the write that produced this generation; '' at generation 0. */
+  updatedAt: string;
+}
+
+export interface WriteOptions {
+  /** Write only if the current generation equals this; else DP_ERR_GENERATION_MISMATCH. */
+  ifMatch?: number;
+}
+
+export interface WriteResult {
+  changed: boolean;
+  generation: number;
+  hash: string;
+}
+
+export interface StateStore {
+  read(): Promise<StoredState>;
+  /** An equal hash is a no-op: nothing written, generation kept, `changed: false`. */
+  write(state: ProxyState, options?: WriteOptions): Promise<WriteResult>;
+  close(): Promise<void>;
+}

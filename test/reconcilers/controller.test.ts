@@ -1,0 +1,332 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { ProxyError, TerminalError } from '../../src/errors.js';
+import { FakeClock } from '../../src/reconcilers/clock.js';
+import { findCondition } from '../../src/reconcilers/conditions.js';
+import { Controller, type ControllerOptions } from '../../src/reconcilers/controller.js';
+import type { LoopStatus } from '../../src/reconcilers/types.js';
+import { deferred, fakeLoop, specWith, until, type FakeLoop, type Spec } from './fake-loop.js';
+
+const controllers: Controller[] = [];
+afterEach(async () => {
+  await Promise.all(controllers.splice(0).map((c) => c.stop()));
+});
+
+function setup(loops: FakeLoop[], spec: { current: Spec }, opts: Partial<ControllerOptions> = {}) {
+  const clock = new FakeClock();
+  const c = new Controller({
+    loops: loops.map((l) => l.loop),
+    getSpec: () => spec.current,
+    clock,
+    random: () => 0.5, // jitter off: delays are exactly 1 s, 2 s, 4 s, …
+    ...opts,
+  });
+  controllers.push(c);
+  return { c, clock };
+}
+
+const cond = (s: LoopStatus | undefined, type: string) => (s ? findCondition(s.conditions, type) : undefined);
+
+describe('Controller', () => {
+  it('runOnce converges, reports Ready per object and per loop with observedGeneration', async () => {
+    const spec = { current: specWith(3, { a: 1, b: 2 }) };
+    const f = fakeLoop({ name: 'files' });
+    const { c } = setup([f], spec);
+    await c.runOnce();
+    expect(Object.fromEntries(f.world)).toEqual({ a: '1', b: '2' });
+    const s = c.statuses();
+    expect(s.generation).toBe(3);
+    const files = s.loops.files;
+    expect(cond(files, 'Ready')).toMatchObject({ status: 'True', reason: 'Converged', observedGeneration: 3 });
+    expect(cond(files, 'Degraded')).toMatchObject({ status: 'False', observedGeneration: 3 });
+    expect(files?.objects.a?.[0]).toMatchObject({ type: 'Ready', status: 'True', observedGeneration: 3 });
+    expect(c.counters().files).toMatchObject({ passes: 1, errors: 0, actionsApplied: 2 });
+  });
+
+  it('status is not rewritten when nothing changed: lastTransitionTime and listeners stay put', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    const f = fakeLoop({ name: 'files' });
+    const { c, clock } = setup([f], spec);
+    await c.runOnce();
+    const t0 = cond(c.statuses().loops.files, 'Ready')?.lastTransitionTime;
+    const events: string[] = [];
+    c.onStatus((loop) => events.push(loop));
+    clock.advance(5_000);
+    await c.runOnce();
+    expect(cond(c.statuses().loops.files, 'Ready')?.lastTransitionTime).toEqual(t0);
+    expect(events).toEqual([]);
+  });
+
+  it('a failing key retries with per-key backoff on the fake clock and does not block other keys', async () => {
+    const spec = { current: specWith(1, { a: 1, b: 1, c: 1 }) };
+    const extra = new Map<string, string>();
+    const f = fakeLoop({
+      name: 'files',
+      want: (s) => new Map([...s.spec.services.map((x): [string, string] => [x.run, '1']), ...extra]),
+      fail: (key, attempt) => (key === 'b' && attempt <= 2 ? new Error(`b broke (${attempt})`) : undefined),
+    });
+    const { c, clock } = setup([f], spec);
+    await c.runOnce();
+    expect([...f.world.keys()].sort()).toEqual(['a', 'c']);
+    let files = c.statuses().loops.files;
+    expect(files?.failures.b).toMatchObject({ attempts: 1, terminal: false, message: 'b broke (1)' });
+    expect(cond(files, 'Ready')).toMatchObject({ status: 'False', reason: 'ActionsFailing' });
+    expect(cond(files, 'Degraded')).toMatchObject({ status: 'True' });
+    expect(files?.objects.b?.[0]).toMatchObject({ status: 'False', reason: 'ApplyFailed' });
+
+    // While b waits out its backoff, another pass skips b but still applies a new key.
+    extra.set('d', '1');
+    await c.runOnce();
+    expect(f.world.get('d')).toBe('1');
+    expect(f.attempts.get('b')).toBe(1);
+
+    clock.advance(999);
+    await c.whenIdle();
+    expect(f.attempts.get('b')).toBe(1);
+    clock.advance(1); // 1 s after the first failure
+    await c.whenIdle();
+    expect(f.attempts.get('b')).toBe(2);
+    expect(c.statuses().loops.files?.failures.b?.attempts).toBe(2);
+
+    clock.advance(1_999);
+    await c.whenIdle();
+    expect(f.attempts.get('b')).toBe(2);
+    clock.advance(1); // 2 s after the second failure
+    await c.whenIdle();
+    expect(f.attempts.get('b')).toBe(3);
+    expect(f.world.get('b')).toBe('1');
+    files = c.statuses().loops.files;
+    expect(files?.failures).toEqual({});
+    expect(cond(files, 'Ready')).toMatchObject({ status: 'True' });
+    expect(files?.objects.b?.[0]).toMatchObject({ status: 'True' });
+    expect(c.counters().files?.errors).toBe(2);
+    // a and c were applied exactly once: retries touched only b
+    expect(f.attempts.get('a')).toBe(1);
+    expect(f.attempts.get('c')).toBe(1);
+  });
+
+  it('a slow key does not hold up other keys beyond the concurrency limit', async () => {
+    const spec = { current: specWith(1, { slow: 1, x: 1, y: 1 }) };
+    const gate = deferred();
+    const f = fakeLoop({ name: 'files', gate: (k) => (k === 'slow' ? gate.promise : undefined) });
+    const { c } = setup([f], spec, { concurrency: 2 });
+    const done = c.runOnce();
+    await until(() => f.world.has('x') && f.world.has('y'));
+    expect(f.world.has('slow')).toBe(false);
+    gate.resolve();
+    await done;
+    expect(f.world.has('slow')).toBe(true);
+  });
+
+  it('a TerminalError is not retried until the next generation', async () => {
+    const spec = { current: specWith(1, { a: 1, bad: 1 }) };
+    let terminal = true;
+    const f = fakeLoop({
+      name: 'files',
+      fail: (key) => (key === 'bad' && terminal ? new TerminalError('bad cannot work') : undefined),
+    });
+    const { c, clock } = setup([f], spec);
+    await c.start();
+    expect(f.world.has('a')).toBe(true);
+    expect(c.statuses().loops.files?.failures.bad).toMatchObject({ terminal: true, message: 'bad cannot work' });
+    expect(c.statuses().loops.files?.failures.bad?.retryAt).toBeUndefined();
+    expect(cond(c.statuses().loops.files, 'Ready')).toMatchObject({ status: 'False', reason: 'ActionsFailedTerminally' });
+
+    for (let i = 0; i < 10; i++) {
+      clock.advance(60_000); // resyncs fire, backoff would long have elapsed
+      await c.whenIdle();
+    }
+    expect(c.counters().files?.passes).toBeGreaterThanOrEqual(11);
+    expect(f.attempts.get('bad')).toBe(1);
+
+    terminal = false;
+    spec.current = specWith(2, { a: 1, bad: 1 });
+    c.notify();
+    await c.whenIdle();
+    expect(f.attempts.get('bad')).toBe(2);
+    expect(f.world.has('bad')).toBe(true);
+    expect(cond(c.statuses().loops.files, 'Ready')).toMatchObject({ status: 'True', observedGeneration: 2 });
+  });
+
+  it('notify() with a new generation triggers a pass that converges to it', async () => {
+    const spec = { current: specWith(1, { a: 1, b: 1 }) };
+    const f = fakeLoop({ name: 'files' });
+    const { c } = setup([f], spec);
+    await c.runOnce();
+    spec.current = specWith(2, { a: 5, c: 1 });
+    c.notify();
+    await c.whenIdle();
+    expect(Object.fromEntries(f.world)).toEqual({ a: '5', c: '1' });
+    const files = c.statuses().loops.files;
+    expect(files?.objects.a?.[0]).toMatchObject({ observedGeneration: 2, message: 'value 5' });
+    expect(files?.objects.b).toBeUndefined();
+    expect(cond(files, 'Ready')?.observedGeneration).toBe(2);
+  });
+
+  it('a status change of a dependency triggers the dependent loop, dependencies run first', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    const certs = fakeLoop({ name: 'certs' });
+    // sites wants one entry per certificate that certs reports Ready
+    const sites = fakeLoop({
+      name: 'sites',
+      dependsOn: ['certs'],
+      want: (_s, statuses) => {
+        const objects = statuses.loops.certs?.objects ?? {};
+        return new Map(
+          Object.entries(objects)
+            .filter(([, cs]) => cs.some((x) => x.type === 'Ready' && x.status === 'True'))
+            .map(([k]) => [`site-${k}`, 'tls']),
+        );
+      },
+    });
+    const { c } = setup([sites, certs], spec);
+    await c.runOnce();
+    expect([...sites.world.keys()]).toEqual(['site-a']); // certs ran first
+
+    spec.current = specWith(2, { a: 1, b: 1 });
+    c.notify();
+    await c.whenIdle();
+    expect([...sites.world.keys()].sort()).toEqual(['site-a', 'site-b']);
+
+    // A status write outside any pass (a connection dropping) also triggers the dependent.
+    const passes = c.counters().sites?.passes ?? 0;
+    certs.ctx?.status.set('a', { type: 'Ready', status: 'False', reason: 'Expired', message: 'expired' });
+    await c.whenIdle();
+    expect(c.counters().sites?.passes).toBe(passes + 1);
+    expect([...sites.world.keys()]).toEqual(['site-b']);
+  });
+
+  it('the periodic resync repairs drift', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    const f = fakeLoop({ name: 'files' });
+    const { c, clock } = setup([f], spec, { resyncIntervalMs: 30_000 });
+    await c.start();
+    expect(c.counters().files?.passes).toBe(1);
+    f.world.set('a', 'tampered');
+    f.world.set('stray', 'x');
+    clock.advance(29_999);
+    await c.whenIdle();
+    expect(c.counters().files?.passes).toBe(1);
+    clock.advance(1);
+    await c.whenIdle();
+    expect(c.counters().files?.passes).toBe(2);
+    expect(Object.fromEntries(f.world)).toEqual({ a: '1' });
+    clock.advance(30_000);
+    await c.whenIdle();
+    expect(c.counters().files?.passes).toBe(3);
+  });
+
+  it('passes of one loop never overlap; triggers during a pass coalesce into one more pass', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    let gate: ReturnType<typeof deferred> | undefined = deferred();
+    const f = fakeLoop({ name: 'files', observeGate: () => gate?.promise });
+    const { c } = setup([f], spec);
+    const first = c.runOnce();
+    await until(() => f.observes === 1);
+    c.notify();
+    c.notify();
+    const second = c.runOnce();
+    const g = gate;
+    gate = undefined;
+    g.resolve();
+    await Promise.all([first, second]);
+    await c.whenIdle();
+    expect(f.observes).toBe(2);
+    expect(f.maxConcurrentObserves).toBe(1);
+  });
+
+  it('requeueAfterMs runs the loop again after the delay', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    const f = fakeLoop({ name: 'files', requeue: (k) => (k === 'a' ? 10_000 : undefined) });
+    const { c, clock } = setup([f], spec);
+    await c.runOnce();
+    expect(cond(c.statuses().loops.files, 'Ready')?.status).toBe('True');
+    clock.advance(9_999);
+    await c.whenIdle();
+    expect(c.counters().files?.passes).toBe(1);
+    clock.advance(1);
+    await c.whenIdle();
+    expect(c.counters().files?.passes).toBe(2);
+  });
+
+  it('applyBatch gets every eligible action at once; a failed key is retried alone', async () => {
+    const spec = { current: specWith(1, { a: 1, b: 1, c: 1 }) };
+    const f = fakeLoop({
+      name: 'nginx',
+      batch: true,
+      fail: (key, attempt) => (key === 'b' && attempt === 1 ? new Error('nginx -t failed') : undefined),
+    });
+    const { c, clock } = setup([f], spec);
+    await c.runOnce();
+    expect(f.batches).toEqual([['a', 'b', 'c']]);
+    expect(c.statuses().loops.nginx?.failures.b?.message).toBe('nginx -t failed');
+    clock.advance(1_000);
+    await c.whenIdle();
+    expect(f.batches).toEqual([['a', 'b', 'c'], ['b']]);
+    expect(cond(c.statuses().loops.nginx, 'Ready')?.status).toBe('True');
+  });
+
+  it('a failing observe marks the loop Degraded and retries the pass with backoff', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    let broken = true;
+    const f = fakeLoop({ name: 'files', observeError: () => (broken ? new Error('disk gone') : undefined) });
+    const { c, clock } = setup([f], spec);
+    await c.runOnce();
+    expect(cond(c.statuses().loops.files, 'Degraded')).toMatchObject({ status: 'True', reason: 'PassFailed' });
+    expect(c.counters().files?.errors).toBe(1);
+    broken = false;
+    clock.advance(1_000);
+    await c.whenIdle();
+    expect(f.world.get('a')).toBe('1');
+    expect(cond(c.statuses().loops.files, 'Ready')?.status).toBe('True');
+  });
+
+  it('stop() drains in-flight actions, skips unstarted ones and stops all triggers', async () => {
+    const spec = { current: specWith(1, { p: 1, q: 1 }) };
+    const hold = deferred();
+    const f = fakeLoop({ name: 'held', gate: () => hold.promise });
+    const { c, clock } = setup([f], spec, { concurrency: 1 });
+    const starting = c.start();
+    await until(() => f.applied.length === 1);
+    let stopped = false;
+    const stopping = c.stop().then(() => (stopped = true));
+    await new Promise((r) => setImmediate(r));
+    expect(stopped).toBe(false); // p is still in flight
+    hold.resolve();
+    await stopping;
+    await starting;
+    expect([...f.world.keys()]).toEqual(['p']); // in-flight p finished, queued q never started
+    expect(f.applied).toEqual(['p']);
+    expect(clock.pendingTimers()).toBe(0); // resync and retry timers are gone
+    c.notify();
+    await c.runOnce();
+    clock.advance(10 * 60_000);
+    await c.whenIdle();
+    expect(f.observes).toBe(1);
+  });
+
+  it('rejects bad options at the door', () => {
+    const spec = { current: specWith(1, {}) };
+    const a = fakeLoop({ name: 'a', dependsOn: ['b'] });
+    const b = fakeLoop({ name: 'b', dependsOn: ['a'] });
+    const getSpec = () => spec.current;
+    expect(() => new Controller({ loops: [a.loop, b.loop], getSpec })).toThrow(/depend on each other/);
+    expect(() => new Controller({ loops: [fakeLoop({ name: 'x', dependsOn: ['nope'] }).loop], getSpec })).toThrow(ProxyError);
+    expect(() => new Controller({ loops: [fakeLoop({ name: 'x' }).loop, fakeLoop({ name: 'x' }).loop], getSpec })).toThrow(/two loops/);
+    expect(() => new Controller({ loops: [], getSpec, concurrency: 0 })).toThrow(ProxyError);
+    expect(() => new Controller({ loops: [], getSpec, backoff: { jitter: 2 } })).toThrow(ProxyError);
+  });
+
+  it('dryRun plans without applying or writing status', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    const f = fakeLoop({ name: 'files' });
+    const { c } = setup([f], spec);
+    await c.runOnce();
+    const plan = await c.dryRun(specWith(2, { a: 2, b: 1 }).state);
+    expect(plan.files?.map((x) => [x.kind, x.key])).toEqual([
+      ['update', 'a'],
+      ['create', 'b'],
+    ]);
+    expect(Object.fromEntries(f.world)).toEqual({ a: '1' });
+    expect(f.applied).toEqual(['a']);
+  });
+});

@@ -1,0 +1,188 @@
+// planFiles / applyFiles against a real private Nginx: candidate tree + nginx -t, held-back
+// sites, rollback on a refused reload, foreign files, no-op applies.
+
+import { mkdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { createServer, type Server } from 'node:net';
+import { join } from 'node:path';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { applyFiles, planFiles, type ApplyOptions } from '../../../src/reconcilers/nginx/apply.js';
+import { MARKER, renderAll } from '../../../src/reconcilers/nginx/render.js';
+import { buildViews } from '../../../src/reconcilers/nginx/view.js';
+import { request } from '../../helpers/http.js';
+import { startTestNginx, type TestNginx } from '../../helpers/nginx.js';
+import { freePort } from '../../helpers/ports.js';
+import { sampleState } from './fixtures.js';
+
+let ng: TestNginx;
+let reloads = 0;
+
+function rendered(): Map<string, string> {
+  return renderAll(
+    buildViews(sampleState(), {
+      httpPort: ng.httpPort,
+      httpsPort: ng.httpsPort,
+      acmeWebroot: ng.acmeWebroot,
+      accessLogPath: ng.accessLogPath,
+    }),
+  );
+}
+
+function site(domain: string, body = 'return 200 "ok";'): string {
+  return `${MARKER}\nserver {\n    server_name ${domain};\n    listen 127.0.0.1:${ng.httpPort};\n    location / { ${body} }\n}\n`;
+}
+
+async function apply(files: Map<string, string>, over: Partial<ApplyOptions> = {}) {
+  const plan = await planFiles(files, ng.paths.confDir);
+  const result = await applyFiles({
+    plan,
+    sitesDir: ng.paths.confDir,
+    mainConfPath: ng.paths.confPath,
+    test: ng.test,
+    reload: async () => {
+      reloads++;
+      await ng.reload();
+    },
+    ...over,
+  });
+  return { plan, result };
+}
+
+const conf = (name: string) => join(ng.paths.confDir, name);
+const exists = (name: string) => stat(conf(name)).then(() => true, () => false);
+
+beforeAll(async () => {
+  ng = await startTestNginx();
+});
+afterAll(async () => {
+  await ng?.stop();
+});
+beforeEach(async () => {
+  // Start every test from the sample document applied.
+  await apply(rendered());
+  reloads = 0;
+});
+
+describe('applyFiles on a real Nginx', () => {
+  it('applies the sample document: every file passes nginx -t and is served', async () => {
+    const files = rendered();
+    expect([...files.keys()]).toEqual([
+      '00-dstack-proxy-global.conf',
+      'sites/empty.gw.test.conf',
+      'sites/gateway.gw.test.conf',
+      'sites/llama-8b.gw.test.conf',
+      'sites/plain.gw.test.conf',
+    ]);
+    for (const [name, text] of files) expect(await readFile(conf(name), 'utf8')).toBe(text);
+    expect((await request({ port: ng.httpPort, host: 'empty.gw.test' })).status).toBe(503);
+  });
+
+  it('writes nothing and does not reload when the render is identical', async () => {
+    const before = await stat(conf('sites/plain.gw.test.conf'));
+    const { plan, result } = await apply(rendered());
+    expect(plan.create.length + plan.update.length + plan.delete.length).toBe(0);
+    expect(plan.unchanged).toHaveLength(5);
+    expect(result).toEqual({ applied: [], heldBack: [], reloaded: false });
+    expect(reloads).toBe(0);
+    expect((await stat(conf('sites/plain.gw.test.conf'))).mtimeMs).toBe(before.mtimeMs);
+  });
+
+  it('holds back a broken site (named by nginx) and applies the others', async () => {
+    const files = rendered();
+    files.set('sites/a-good.gw.test.conf', site('a-good.gw.test'));
+    files.set('sites/b-broken.gw.test.conf', site('b-broken.gw.test', 'return 200 "ok"; bogus_directive on;'));
+    files.set('sites/plain.gw.test.conf', site('plain.gw.test', 'proxy_pass http;'));
+    const previousPlain = await readFile(conf('sites/plain.gw.test.conf'), 'utf8');
+    const { result } = await apply(files);
+    expect(result.applied).toEqual(['sites/a-good.gw.test.conf']);
+    expect(result.heldBack.map((h) => h.file).sort()).toEqual(['sites/b-broken.gw.test.conf', 'sites/plain.gw.test.conf']);
+    const broken = result.heldBack.find((h) => h.file === 'sites/b-broken.gw.test.conf');
+    expect(broken?.message).toContain('unknown directive "bogus_directive"');
+    expect(broken?.message).toContain(conf('sites/b-broken.gw.test.conf')); // real path, not the candidate's
+    expect(result.reloaded).toBe(true);
+    expect(reloads).toBe(1);
+    expect(await exists('sites/b-broken.gw.test.conf')).toBe(false); // created: left absent
+    expect(await readFile(conf('sites/plain.gw.test.conf'), 'utf8')).toBe(previousPlain); // updated: previous kept
+    expect((await request({ port: ng.httpPort, host: 'a-good.gw.test' })).body).toBe('ok');
+    expect((await readdirCandidates()).length).toBe(0);
+  });
+
+  it('bisects when nginx names no file', async () => {
+    const files = rendered();
+    for (const n of ['a', 'b', 'c', 'd', 'e']) files.set(`sites/${n}.gw.test.conf`, site(`${n}.gw.test`));
+    files.set('sites/c.gw.test.conf', site('c.gw.test', 'bogus_directive on;'));
+    const test: ApplyOptions['test'] = async (c) => {
+      const r = await ng.test(c);
+      return r.ok ? r : { ok: false, message: r.message }; // drop file and line
+    };
+    const { result } = await apply(files, { test });
+    expect(result.heldBack.map((h) => h.file)).toEqual(['sites/c.gw.test.conf']);
+    expect(result.applied.sort()).toEqual(['sites/a.gw.test.conf', 'sites/b.gw.test.conf', 'sites/d.gw.test.conf', 'sites/e.gw.test.conf']);
+  });
+
+  it('rolls the files back when Nginx refuses the reload', async () => {
+    // nginx -t does not bind ports; the reload does and fails on a port someone else holds.
+    const busyPort = await freePort();
+    const busy: Server = createServer();
+    await new Promise<void>((r) => busy.listen(busyPort, '127.0.0.1', r));
+    try {
+      const files = rendered();
+      const previousPlain = await readFile(conf('sites/plain.gw.test.conf'), 'utf8');
+      files.set('sites/plain.gw.test.conf', site('plain.gw.test', 'return 200 "new";'));
+      files.set('sites/busy.gw.test.conf', `${MARKER}\nserver { listen 127.0.0.1:${busyPort}; return 200; }\n`);
+      const { result } = await apply(files);
+      expect(result.rolledBack).toBe(true);
+      expect(result.reloaded).toBe(false);
+      expect(result.applied).toEqual([]);
+      expect(result.heldBack.map((h) => h.file).sort()).toEqual(['sites/busy.gw.test.conf', 'sites/plain.gw.test.conf']);
+      expect(result.heldBack[0]?.message).toMatch(/reload failed: .*bind\(\)/);
+      expect(reloads).toBe(2); // the refused one, then the one after the rollback
+      expect(await readFile(conf('sites/plain.gw.test.conf'), 'utf8')).toBe(previousPlain);
+      expect(await exists('sites/busy.gw.test.conf')).toBe(false);
+      const r = await request({ port: ng.httpPort, host: 'plain.gw.test' });
+      expect(r.status).toBe(502); // still the old config: proxies to the (absent) backend
+    } finally {
+      await new Promise<void>((r) => busy.close(() => r()));
+    }
+  });
+
+  it('never reads, rewrites or deletes foreign files; a name clash is a conflict', async () => {
+    const foreign = `server { server_name foreign.gw.test; listen 127.0.0.1:${ng.httpPort}; return 200 "foreign"; }\n`;
+    const clash = `# hand-written\nserver { server_name plain2.gw.test; listen 127.0.0.1:${ng.httpPort}; return 200 "clash"; }\n`;
+    await writeFile(conf('sites/foreign.gw.test.conf'), foreign);
+    await writeFile(conf('sites/plain2.gw.test.conf'), clash);
+    const files = rendered();
+    files.delete('sites/plain.gw.test.conf'); // an owned file to delete
+    files.set('sites/plain2.gw.test.conf', site('plain2.gw.test', 'return 200 "ours";'));
+    const { plan, result } = await apply(files);
+    expect(plan.conflicts).toEqual(['sites/plain2.gw.test.conf']);
+    expect(plan.delete.map((d) => d.name)).toEqual(['sites/plain.gw.test.conf']);
+    expect(result.applied).toEqual(['sites/plain.gw.test.conf']);
+    expect(await exists('sites/plain.gw.test.conf')).toBe(false);
+    expect(await readFile(conf('sites/foreign.gw.test.conf'), 'utf8')).toBe(foreign);
+    expect(await readFile(conf('sites/plain2.gw.test.conf'), 'utf8')).toBe(clash);
+    expect((await request({ port: ng.httpPort, host: 'foreign.gw.test' })).body).toBe('foreign');
+    // clean up for the next test
+    await Promise.all(['sites/foreign.gw.test.conf', 'sites/plain2.gw.test.conf'].map((n) => import('node:fs/promises').then((fs) => fs.unlink(conf(n)))));
+  });
+
+  it('holds back everything when the tree is broken without our changes', async () => {
+    await mkdir(join(ng.paths.confDir, 'sites'), { recursive: true });
+    await writeFile(conf('sites/zz-foreign-broken.conf'), 'server {\n');
+    try {
+      const files = rendered();
+      files.set('sites/new.gw.test.conf', site('new.gw.test'));
+      const { result } = await apply(files);
+      expect(result).toMatchObject({ applied: [], reloaded: false });
+      expect(result.heldBack).toEqual([{ file: 'sites/new.gw.test.conf', message: expect.stringContaining('zz-foreign-broken.conf') }]);
+      expect(reloads).toBe(0);
+    } finally {
+      await import('node:fs/promises').then((fs) => fs.unlink(conf('sites/zz-foreign-broken.conf')));
+    }
+  });
+});
+
+async function readdirCandidates(): Promise<string[]> {
+  const fs = await import('node:fs/promises');
+  const names = [...(await fs.readdir(ng.dir)), ...(await fs.readdir(ng.paths.confDir))];
+  return names.filter((n) => n.includes('candidate'));
+}

@@ -1,0 +1,121 @@
+import { readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { ProxyError } from '../../src/errors.js';
+import { loadDocument, type ProxyState } from '../../src/spec/index.js';
+import { STATE_FILE, openFileStore } from '../../src/state/file-store.js';
+import { tmpDir } from '../helpers/tmp.js';
+
+const docA = loadDocument(readFileSync('examples/local-state.yaml', 'utf8'));
+const docB: ProxyState = { ...docA, spec: { ...docA.spec, services: [] } };
+
+describe('file state store', () => {
+  let t: ReturnType<typeof tmpDir>;
+  let stateDir: string;
+  beforeEach(() => {
+    t = tmpDir();
+    stateDir = path.join(t.dir, 'state');
+  });
+  afterEach(() => t.cleanup());
+
+  it('starts at generation 0 with an empty document when there is no file', async () => {
+    const store = await openFileStore({ stateDir });
+    const s = await store.read();
+    expect(s.generation).toBe(0);
+    expect(s.state.spec.services).toEqual([]);
+    expect(statSync(stateDir).mode & 0o777).toBe(0o700);
+  });
+
+  it('writes 0600, bumps the generation, and survives a reopen', async () => {
+    const store = await openFileStore({ stateDir });
+    const w = await store.write(docA);
+    expect(w).toMatchObject({ changed: true, generation: 1 });
+    const file = path.join(stateDir, STATE_FILE);
+    expect(statSync(file).mode & 0o777).toBe(0o600);
+    const reopened = await openFileStore({ stateDir });
+    const s = await reopened.read();
+    expect(s.generation).toBe(1);
+    expect(s.hash).toBe(w.hash);
+    expect(s.state).toEqual(docA);
+  });
+
+  it('does nothing for an equal hash: no write, same generation', async () => {
+    const store = await openFileStore({ stateDir });
+    await store.write(docA);
+    const file = path.join(stateDir, STATE_FILE);
+    const before = statSync(file, { bigint: true }).mtimeNs;
+    const inode = statSync(file).ino;
+    const again = await store.write(structuredClone(docA));
+    expect(again).toMatchObject({ changed: false, generation: 1 });
+    expect(statSync(file).ino).toBe(inode);
+    expect(statSync(file, { bigint: true }).mtimeNs).toBe(before);
+  });
+
+  it('refuses a stale If-Match and accepts the current one', async () => {
+    const store = await openFileStore({ stateDir });
+    await store.write(docA);
+    await expect(store.write(docB, { ifMatch: 0 })).rejects.toMatchObject({ code: 'DP_ERR_GENERATION_MISMATCH', status: 409 });
+    await expect(store.write(docB, { ifMatch: 1 })).resolves.toMatchObject({ changed: true, generation: 2 });
+  });
+
+  it('serialises concurrent writers with If-Match: exactly one wins', async () => {
+    const store = await openFileStore({ stateDir });
+    const docs = Array.from({ length: 10 }, (_, i) => ({
+      ...docA,
+      spec: { ...docA.spec, services: docA.spec.services.map((s) => ({ ...s, clientMaxBodySize: 1000 + i })) },
+    }));
+    const results = await Promise.allSettled(docs.map((d) => store.write(d, { ifMatch: 0 })));
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+    expect((await store.read()).generation).toBe(1);
+  });
+
+  it('keeps the old state readable when a write is interrupted before the rename', async () => {
+    const store = await openFileStore({ stateDir });
+    await store.write(docA);
+    const crashing = await openFileStore({
+      stateDir,
+      beforeRename: () => {
+        throw new Error('power cut');
+      },
+    });
+    await expect(crashing.write(docB)).rejects.toThrow('power cut');
+    const s = await (await openFileStore({ stateDir })).read();
+    expect(s.generation).toBe(1);
+    expect(s.state).toEqual(docA);
+    expect(readdirSync(stateDir)).toEqual([STATE_FILE]);
+  });
+
+  it('removes temp files a crash left behind, keeping the state', async () => {
+    const store = await openFileStore({ stateDir });
+    await store.write(docA);
+    writeFileSync(path.join(stateDir, '.state.json.tmp-123-abc'), '{"half":');
+    const s = await (await openFileStore({ stateDir })).read();
+    expect(s.generation).toBe(1);
+    expect(readdirSync(stateDir)).toEqual([STATE_FILE]);
+  });
+
+  it.each([
+    ['not JSON', '{"apiVersion": "proxy.dstack.ai/v1alpha1", "kind":', /not JSON/],
+    ['an array', '[]', /not a JSON object/],
+    ['no generation', JSON.stringify({ ...docA }), /metadata.generation/],
+    ['an invalid document', JSON.stringify({ ...docA, kind: 'Nope', metadata: { generation: 1, hash: 'x' } }), /\/kind/],
+  ])('names the file when it is corrupt: %s', async (_what, text, why) => {
+    const { mkdirSync } = await import('node:fs');
+    mkdirSync(stateDir, { recursive: true });
+    const file = path.join(stateDir, STATE_FILE);
+    writeFileSync(file, text);
+    const err = await openFileStore({ stateDir }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ProxyError);
+    expect((err as ProxyError).code).toBe('DP_ERR_STATE_CORRUPT');
+    expect((err as Error).message).toContain(file);
+    expect((err as Error).message).toMatch(why);
+  });
+
+  it('refuses a hand-edited file whose hash no longer matches', async () => {
+    const store = await openFileStore({ stateDir });
+    await store.write(docA);
+    const file = path.join(stateDir, STATE_FILE);
+    writeFileSync(file, readFileSync(file, 'utf8').replace('"hello"', '"hallo"'));
+    await expect(openFileStore({ stateDir })).rejects.toThrow(/metadata.hash does not match/);
+  });
+});
