@@ -2,9 +2,10 @@
 
 import type { Command, Io } from './command.js';
 import { EXIT_USAGE, UsageError } from './command.js';
+import { gatewayCommand } from './gateway.js';
 import { validateCommand } from './validate.js';
 
-const COMMANDS: Command[] = [validateCommand];
+const COMMANDS: Command[] = [gatewayCommand, validateCommand];
 
 function usage(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));

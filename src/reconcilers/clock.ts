@@ -98,3 +98,39 @@ export class FakeClock implements Clock {
     return best;
   }
 }
+
+/** At most one pending timer per key on a clock; setting a key again replaces its timer. */
+export class KeyTimers {
+  readonly #clock: Clock;
+  readonly #handles = new Map<string, TimerHandle>();
+
+  constructor(clock: Clock) {
+    this.#clock = clock;
+  }
+
+  set(key: string, ms: number, fn: () => void): void {
+    this.clear(key);
+    this.#handles.set(
+      key,
+      this.#clock.setTimeout(() => {
+        this.#handles.delete(key);
+        fn();
+      }, ms),
+    );
+  }
+
+  clear(key: string): void {
+    const h = this.#handles.get(key);
+    if (h === undefined) return;
+    this.#clock.clearTimeout(h);
+    this.#handles.delete(key);
+  }
+
+  clearAll(): void {
+    for (const key of [...this.#handles.keys()]) this.clear(key);
+  }
+
+  has(key: string): boolean {
+    return this.#handles.has(key);
+  }
+}

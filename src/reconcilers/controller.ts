@@ -9,21 +9,14 @@
 
 import PQueue from 'p-queue';
 import pino from 'pino';
-import { ProxyError, TerminalError } from '../errors.js';
+import { ProxyError } from '../errors.js';
 import type { ProxyState } from '../spec/types.js';
-import { backoffPolicy, BackoffTracker, type BackoffPolicy } from './backoff.js';
-import { systemClock, type Clock, type TimerHandle } from './clock.js';
+import { backoffPolicy, type BackoffPolicy } from './backoff.js';
+import { KeyTimers, systemClock, type Clock, type TimerHandle } from './clock.js';
+import { FailureBook, loopConditions } from './failures.js';
+import { assertUniqueKeys, badOption, orderLoops } from './loop-graph.js';
 import { readOnlyWriter, StatusStore } from './status.js';
-import type {
-  Action,
-  AnyLoop,
-  BatchOutcome,
-  FailureInfo,
-  LoopContext,
-  LoopCounters,
-  LoopStatus,
-  StatusSnapshot,
-} from './types.js';
+import type { Action, AnyLoop, BatchOutcome, FailureInfo, LoopContext, LoopCounters, LoopStatus, StatusSnapshot } from './types.js';
 
 export interface SpecSnapshot {
   state: ProxyState;
@@ -48,14 +41,6 @@ export interface ControllerOptions {
 
 export type StatusListener = (loop: string, status: LoopStatus) => void;
 
-interface Failure {
-  message: string;
-  attempts: number;
-  terminal: boolean;
-  generation: number;
-  retryAt: number | null;
-}
-
 interface Deferred {
   promise: Promise<void>;
   resolve: () => void;
@@ -65,12 +50,13 @@ interface Runtime {
   loop: AnyLoop;
   dependents: Runtime[];
   status: StatusStore;
-  backoff: BackoffTracker;
-  failures: Map<string, Failure>;
-  retryTimers: Map<string, TimerHandle>;
-  requeueTimers: Map<string, TimerHandle>;
-  passFailure: Failure | null;
-  passRetryTimer: TimerHandle | null;
+  /** Failing action keys, and the retry timer of each. */
+  failures: FailureBook;
+  retryTimers: KeyTimers;
+  requeueTimers: KeyTimers;
+  /** A failing pass (desired/observe/plan threw), under PASS_KEY, and its retry timer. */
+  passFailures: FailureBook;
+  passTimer: KeyTimers;
   running: Promise<void> | null;
   pending: Deferred | null;
   started: number;
@@ -81,11 +67,12 @@ interface Runtime {
   counters: LoopCounters;
 }
 
-const PASS_KEY = '(pass)';
+/** The key under which a failing pass (desired/observe/plan threw) appears in LoopStatus.failures. */
+export const PASS_KEY = '(pass)';
 const SKIPPED = Symbol('skipped');
 
 export class Controller {
-  readonly #runtimes: Runtime[]; // in dependency order
+  readonly #runtimes: readonly Runtime[]; // in dependency order
   readonly #byName = new Map<string, Runtime>();
   readonly #getSpec: () => SpecSnapshot;
   readonly #clock: Clock;
@@ -110,43 +97,11 @@ export class Controller {
     this.#logger = opts.logger ?? pino({ level: 'silent' });
     this.#queue = new PQueue({ concurrency });
 
-    for (const loop of loops) {
-      if (this.#byName.has(loop.name)) badOption(`two loops are named ${loop.name}`);
-      if (loop.apply === undefined && loop.applyBatch === undefined) badOption(`loop ${loop.name} has neither apply nor applyBatch`);
-      const rt: Runtime = {
-        loop,
-        dependents: [],
-        status: undefined as unknown as StatusStore,
-        backoff: new BackoffTracker(policy, opts.random),
-        failures: new Map(),
-        retryTimers: new Map(),
-        requeueTimers: new Map(),
-        passFailure: null,
-        passRetryTimer: null,
-        running: null,
-        pending: null,
-        started: 0,
-        inPass: false,
-        statusDirty: false,
-        flushScheduled: false,
-        generation: 0,
-        counters: { passes: 0, errors: 0, actionsApplied: 0, lastPassDurationMs: 0 },
-      };
-      rt.status = new StatusStore({
-        now: () => this.#clock.now(),
-        generation: () => rt.generation,
-        onChange: () => this.#statusChanged(rt),
-      });
-      this.#byName.set(loop.name, rt);
+    this.#runtimes = orderLoops(loops).map((loop) => this.#runtime(loop, policy, opts.random));
+    for (const rt of this.#runtimes) this.#byName.set(rt.loop.name, rt);
+    for (const rt of this.#runtimes) {
+      for (const dep of rt.loop.dependsOn ?? []) this.#byName.get(dep)?.dependents.push(rt);
     }
-    for (const rt of this.#byName.values()) {
-      for (const dep of rt.loop.dependsOn ?? []) {
-        const d = this.#byName.get(dep);
-        if (d === undefined) badOption(`loop ${rt.loop.name} depends on unknown loop ${dep}`);
-        else d.dependents.push(rt);
-      }
-    }
-    this.#runtimes = topoOrder([...this.#byName.values()], this.#byName);
   }
 
   /** Starts the periodic resync and runs every loop once; resolves when that first round is done. */
@@ -203,7 +158,7 @@ export class Controller {
   /** Every loop's status; a deep copy. */
   statuses(): StatusSnapshot {
     const loops: Record<string, LoopStatus> = {};
-    for (const rt of this.#runtimes) loops[rt.loop.name] = rt.status.snapshot(this.#failureInfo(rt));
+    for (const rt of this.#runtimes) loops[rt.loop.name] = rt.status.snapshot(failureInfo(rt));
     return { generation: this.#getSpec().generation, loops };
   }
 
@@ -248,7 +203,8 @@ export class Controller {
     const d = rt.pending ?? deferred();
     rt.pending = null;
     rt.started++;
-    rt.running = this.#pass(rt).then(() => {
+    const pass = this.#pass(rt).catch((err: unknown) => this.#logger.error({ err, loop: rt.loop.name }, 'reconcile pass crashed'));
+    rt.running = pass.then(() => {
       rt.running = null;
       d.resolve();
       if (rt.pending === null) return;
@@ -271,23 +227,10 @@ export class Controller {
     }, this.#resyncIntervalMs);
   }
 
-  #setTimer(timers: Map<string, TimerHandle>, rt: Runtime, key: string, ms: number): void {
-    this.#clearTimer(timers, key);
+  /** Sets a timer that triggers a pass of `rt`; none once stopped. */
+  #retriggerAfter(timers: KeyTimers, rt: Runtime, key: string, ms: number): void {
     if (this.#stopped) return;
-    timers.set(
-      key,
-      this.#clock.setTimeout(() => {
-        timers.delete(key);
-        void this.#trigger(rt);
-      }, ms),
-    );
-  }
-
-  #clearTimer(timers: Map<string, TimerHandle>, key: string): void {
-    const h = timers.get(key);
-    if (h === undefined) return;
-    this.#clock.clearTimeout(h);
-    timers.delete(key);
+    timers.set(key, ms, () => void this.#trigger(rt));
   }
 
   async #drain(): Promise<void> {
@@ -295,9 +238,7 @@ export class Controller {
     if (this.#resyncTimer !== null) this.#clock.clearTimeout(this.#resyncTimer);
     this.#resyncTimer = null;
     for (const rt of this.#runtimes) {
-      for (const timers of [rt.retryTimers, rt.requeueTimers]) for (const key of [...timers.keys()]) this.#clearTimer(timers, key);
-      if (rt.passRetryTimer !== null) this.#clock.clearTimeout(rt.passRetryTimer);
-      rt.passRetryTimer = null;
+      for (const timers of [rt.retryTimers, rt.requeueTimers, rt.passTimer]) timers.clearAll();
       if (rt.running === null && rt.pending !== null) {
         rt.pending.resolve();
         rt.pending = null;
@@ -313,32 +254,36 @@ export class Controller {
     const t0 = this.#clock.now();
     rt.inPass = true;
     rt.counters.passes++;
-    const { state, generation } = this.#getSpec();
-    rt.generation = generation;
-    const ctx = this.#context(rt);
+    let generation = rt.generation;
     try {
       let actions: Action<unknown>[];
+      const ctx = this.#context(rt);
       try {
         // 1. Desired: what the spec and the other loops' status ask for (pure).
-        const desired = rt.loop.desired(state, this.statuses());
+        const spec = this.#getSpec();
+        generation = rt.generation = ctx.generation = spec.generation;
+        const desired = rt.loop.desired(spec.state, this.statuses());
         // 2. Observe: what the world looks like now.
         const observed = await rt.loop.observe(ctx);
         // 3. Compare: the actions that close the gap (pure).
         actions = rt.loop.plan(desired, observed);
         assertUniqueKeys(rt.loop.name, actions);
-        this.#passSucceeded(rt);
+        rt.passFailures.succeed(PASS_KEY);
+        rt.passTimer.clear(PASS_KEY);
       } catch (err) {
         this.#passFailed(rt, err, generation);
         return;
       }
-      // 4. Act: every planned key that is not backing off or parked.
-      this.#forgetUnplanned(rt, new Set(actions.map((a) => a.key)));
+      // 4. Act: every planned key that is not backing off or parked. A key no longer planned
+      //    has converged or gone: its failure and backoff no longer apply.
+      for (const key of rt.failures.retain(new Set(actions.map((a) => a.key)))) rt.retryTimers.clear(key);
       const now = this.#clock.now();
-      const eligible = actions.filter((a) => !this.#blocked(rt, a.key, generation, now));
+      const eligible = actions.filter((a) => !rt.failures.blocked(a.key, generation, now));
       if (eligible.length > 0) await this.#applyActions(rt, eligible, ctx, generation);
     } finally {
       // 5. Report: loop-level conditions, counters, and status to listeners and dependents.
-      this.#reportLoop(rt, generation);
+      const passFailure = rt.passFailures.entries()[0]?.[1] ?? null;
+      for (const c of loopConditions(passFailure, rt.failures.entries(), generation)) rt.status.setLoopCondition(c);
       rt.counters.lastPassDurationMs = this.#clock.now() - t0;
       rt.inPass = false;
       this.#flushStatus(rt);
@@ -382,97 +327,33 @@ export class Controller {
   #record(rt: Runtime, action: Action<unknown>, outcome: BatchOutcome, generation: number): void {
     const { key } = action;
     const log = this.#logger.child({ loop: rt.loop.name, key, kind: action.kind });
+    rt.retryTimers.clear(key);
     if (typeof outcome === 'object' && 'error' in outcome) {
       rt.counters.errors++;
-      const err = outcome.error;
-      const message = errorMessage(err);
-      this.#clearTimer(rt.retryTimers, key);
-      if (err instanceof TerminalError) {
-        const attempts = rt.backoff.failure(key).attempts;
-        rt.failures.set(key, { message, attempts, terminal: true, generation, retryAt: null });
-        log.error({ err, attempts }, `${action.summary}: failed, not retrying until the next generation`);
+      const f = rt.failures.fail(key, outcome.error, generation, this.#clock.now());
+      if (f.delayMs === null) {
+        log.error({ err: outcome.error, attempts: f.attempts }, `${action.summary}: failed, not retrying until the next generation`);
         return;
       }
-      const { attempts, delayMs } = rt.backoff.failure(key);
-      rt.failures.set(key, { message, attempts, terminal: false, generation, retryAt: this.#clock.now() + delayMs });
-      this.#setTimer(rt.retryTimers, rt, key, delayMs);
-      log.warn({ err, attempts, retryInMs: delayMs }, `${action.summary}: failed`);
+      this.#retriggerAfter(rt.retryTimers, rt, key, f.delayMs);
+      log.warn({ err: outcome.error, attempts: f.attempts, retryInMs: f.delayMs }, `${action.summary}: failed`);
       return;
     }
     rt.counters.actionsApplied++;
-    rt.backoff.reset(key);
-    rt.failures.delete(key);
-    this.#clearTimer(rt.retryTimers, key);
+    rt.failures.succeed(key);
     if (typeof outcome === 'object') {
-      const ms = Math.max(0, Number.isFinite(outcome.requeueAfterMs) ? outcome.requeueAfterMs : 0);
-      this.#setTimer(rt.requeueTimers, rt, key, ms);
+      const ms = Number.isFinite(outcome.requeueAfterMs) ? Math.max(0, outcome.requeueAfterMs) : 0;
+      this.#retriggerAfter(rt.requeueTimers, rt, key, ms);
     }
     log.info(action.summary);
-  }
-
-  /** Skips a key that failed in this generation and is still waiting out its backoff, or is terminal. */
-  #blocked(rt: Runtime, key: string, generation: number, now: number): boolean {
-    const f = rt.failures.get(key);
-    if (f === undefined || f.generation !== generation) return false;
-    return f.terminal || (f.retryAt !== null && now < f.retryAt);
-  }
-
-  /** A key no longer planned has converged or gone: its failure and backoff no longer apply. */
-  #forgetUnplanned(rt: Runtime, planned: Set<string>): void {
-    for (const key of [...rt.failures.keys()]) {
-      if (planned.has(key)) continue;
-      rt.failures.delete(key);
-      rt.backoff.reset(key);
-      this.#clearTimer(rt.retryTimers, key);
-    }
-  }
-
-  #passSucceeded(rt: Runtime): void {
-    rt.passFailure = null;
-    rt.backoff.reset(PASS_KEY);
-    if (rt.passRetryTimer !== null) this.#clock.clearTimeout(rt.passRetryTimer);
-    rt.passRetryTimer = null;
   }
 
   /** desired/observe/plan threw: retry the whole pass with backoff (not for a TerminalError). */
   #passFailed(rt: Runtime, err: unknown, generation: number): void {
     rt.counters.errors++;
-    const terminal = err instanceof TerminalError;
-    const { attempts, delayMs } = rt.backoff.failure(PASS_KEY);
-    const retryAt = terminal || this.#stopped ? null : this.#clock.now() + delayMs;
-    rt.passFailure = { message: errorMessage(err), attempts, terminal, generation, retryAt };
-    if (rt.passRetryTimer !== null) this.#clock.clearTimeout(rt.passRetryTimer);
-    rt.passRetryTimer = null;
-    if (retryAt !== null) {
-      rt.passRetryTimer = this.#clock.setTimeout(() => {
-        rt.passRetryTimer = null;
-        void this.#trigger(rt);
-      }, delayMs);
-    }
-    this.#logger.warn({ loop: rt.loop.name, err, attempts, retryInMs: retryAt === null ? null : delayMs }, 'reconcile pass failed');
-  }
-
-  #reportLoop(rt: Runtime, generation: number): void {
-    const set = (type: string, status: 'True' | 'False', reason: string, message: string) =>
-      rt.status.setLoopCondition({ type, status, reason, message, observedGeneration: generation });
-    if (rt.passFailure !== null) {
-      const message = `reconcile pass failed: ${rt.passFailure.message}`;
-      set('Ready', 'False', 'PassFailed', message);
-      set('Degraded', 'True', 'PassFailed', message);
-      return;
-    }
-    const failing = [...rt.failures.entries()].sort(([a], [b]) => (a < b ? -1 : 1));
-    if (failing.length === 0) {
-      set('Ready', 'True', 'Converged', 'observed state matches desired state');
-      set('Degraded', 'False', 'AsExpected', 'no action is failing');
-      return;
-    }
-    const listed = failing.slice(0, 5).map(([k, f]) => `${k}: ${f.message}`);
-    const more = failing.length > 5 ? `; and ${failing.length - 5} more` : '';
-    const message = `${failing.length} failing: ${listed.join('; ')}${more}`;
-    const reason = failing.every(([, f]) => f.terminal) ? 'ActionsFailedTerminally' : 'ActionsFailing';
-    set('Ready', 'False', reason, message);
-    set('Degraded', 'True', reason, message);
+    const f = rt.passFailures.fail(PASS_KEY, err, generation, this.#clock.now());
+    if (f.delayMs !== null) this.#retriggerAfter(rt.passTimer, rt, PASS_KEY, f.delayMs);
+    this.#logger.warn({ loop: rt.loop.name, err, attempts: f.attempts, retryInMs: f.delayMs }, 'reconcile pass failed');
   }
 
   // ── status ────────────────────────────────────────────────────────────────────────────
@@ -490,7 +371,7 @@ export class Controller {
   #flushStatus(rt: Runtime): void {
     if (!rt.statusDirty) return;
     rt.statusDirty = false;
-    const status = rt.status.snapshot(this.#failureInfo(rt));
+    const status = rt.status.snapshot(failureInfo(rt));
     for (const listener of this.#listeners) {
       try {
         listener(rt.loop.name, status);
@@ -501,16 +382,30 @@ export class Controller {
     for (const dep of rt.dependents) void this.#trigger(dep);
   }
 
-  #failureInfo(rt: Runtime): Record<string, FailureInfo> {
-    const out: Record<string, FailureInfo> = {};
-    const entries: [string, Failure][] = [...rt.failures.entries()];
-    if (rt.passFailure !== null) entries.push([PASS_KEY, rt.passFailure]);
-    for (const [key, f] of entries) {
-      const info: FailureInfo = { message: f.message, attempts: f.attempts, terminal: f.terminal };
-      if (f.retryAt !== null) info.retryAt = new Date(f.retryAt).toISOString();
-      out[key] = info;
-    }
-    return out;
+  #runtime(loop: AnyLoop, policy: BackoffPolicy, random: (() => number) | undefined): Runtime {
+    const rt: Runtime = {
+      loop,
+      dependents: [],
+      status: new StatusStore({
+        now: () => this.#clock.now(),
+        generation: () => rt.generation,
+        onChange: () => this.#statusChanged(rt),
+      }),
+      failures: new FailureBook(policy, random),
+      retryTimers: new KeyTimers(this.#clock),
+      requeueTimers: new KeyTimers(this.#clock),
+      passFailures: new FailureBook(policy, random),
+      passTimer: new KeyTimers(this.#clock),
+      running: null,
+      pending: null,
+      started: 0,
+      inPass: false,
+      statusDirty: false,
+      flushScheduled: false,
+      generation: 0,
+      counters: { passes: 0, errors: 0, actionsApplied: 0, lastPassDurationMs: 0 },
+    };
+    return rt;
   }
 
   #context(rt: Runtime): LoopContext {
@@ -523,44 +418,13 @@ export class Controller {
   }
 }
 
-function badOption(message: string): never {
-  throw new ProxyError('DP_ERR_BAD_OPTION', message);
-}
-
 function deferred(): Deferred {
   let resolve!: () => void;
   const promise = new Promise<void>((r) => (resolve = r));
   return { promise, resolve };
 }
 
-function errorMessage(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
-
-function assertUniqueKeys(loop: string, actions: readonly Action<unknown>[]): void {
-  const seen = new Set<string>();
-  for (const a of actions) {
-    if (seen.has(a.key)) throw new Error(`loop ${loop} planned two actions with key ${a.key}`);
-    seen.add(a.key);
-  }
-}
-
-/** Loops ordered so that each comes after the loops it depends on; throws on a cycle. */
-function topoOrder(all: Runtime[], byName: Map<string, Runtime>): Runtime[] {
-  const out: Runtime[] = [];
-  const state = new Map<string, 'visiting' | 'done'>();
-  const visit = (rt: Runtime, path: string[]): void => {
-    const s = state.get(rt.loop.name);
-    if (s === 'done') return;
-    if (s === 'visiting') badOption(`loops depend on each other: ${[...path, rt.loop.name].join(' → ')}`);
-    state.set(rt.loop.name, 'visiting');
-    for (const dep of rt.loop.dependsOn ?? []) {
-      const d = byName.get(dep);
-      if (d !== undefined) visit(d, [...path, rt.loop.name]);
-    }
-    state.set(rt.loop.name, 'done');
-    out.push(rt);
-  };
-  for (const rt of all) visit(rt, []);
-  return out;
+/** Failing action keys, plus PASS_KEY when the pass itself failed. */
+function failureInfo(rt: Runtime): Record<string, FailureInfo> {
+  return { ...rt.failures.info(), ...rt.passFailures.info() };
 }

@@ -41,8 +41,9 @@ function parseJson(text: string): unknown {
 
 function parseYaml(text: string): unknown {
   const docs = parseAllDocuments(text, { uniqueKeys: true, prettyErrors: true, strict: true });
-  if (!Array.isArray(docs)) {
-    // An empty stream: parseAllDocuments returns an EmptyStream object.
+  if (!Array.isArray(docs) || docs.length === 0) {
+    // An empty stream: parseAllDocuments returns an EmptyStream object, or no documents
+    // when the text is only comments.
     throw new SpecError('malformed', [{ path: '', message: 'The document is empty.' }]);
   }
   if (docs.length !== 1) {

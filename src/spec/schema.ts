@@ -8,8 +8,8 @@ export const NAME_PATTERN = '^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$';
 export const HOST_PATTERN = '^[A-Za-z0-9._:\\[\\]-]{1,253}$';
 export const USER_PATTERN = '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$';
 export const FINGERPRINT_PATTERN = '^SHA256:[A-Za-z0-9+/]{43}=?$';
-/** URL path prefixes (rate limits, model prefix): nothing Nginx could read as syntax. */
-export const PREFIX_PATTERN = '^/[^\\s\\\\{};\'"$#]*$';
+/** URL path prefixes (rate limits, model prefix): nothing Nginx could read as syntax, no control characters. */
+export const PREFIX_PATTERN = '^/[^\\s\\\\{};\'"$#\\u0000-\\u001f\\u007f]*$';
 /** HTTP header names (RFC 9110 token characters Nginx accepts in `$http_<name>`). */
 export const HEADER_PATTERN = '^[A-Za-z0-9-]{1,64}$';
 

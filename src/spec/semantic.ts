@@ -38,7 +38,7 @@ export function domainProblem(domain: string): string | null {
 export function prefixProblem(prefix: string): string | null {
   if (PREFIX_RE.test(prefix)) return null;
   if (!prefix.startsWith('/')) return "must start with '/'";
-  return `must not contain spaces, quotes, '\\', '{', '}', ';', '$' or '#'; got ${JSON.stringify(prefix)}`;
+  return `must not contain spaces, control characters, quotes, '\\', '{', '}', ';', '$' or '#'; got ${JSON.stringify(prefix)}`;
 }
 
 export function headerProblem(header: string): string | null {

@@ -304,6 +304,65 @@ describe('Controller', () => {
     expect(f.observes).toBe(1);
   });
 
+  it('a key that drops out of the plan forgets its failure; a TerminalError from observe is not retried', async () => {
+    const spec = { current: specWith(1, { a: 1, b: 1 }) };
+    let observeErr: Error | undefined;
+    const f = fakeLoop({
+      name: 'files',
+      fail: (key) => (key === 'b' ? new Error('nope') : undefined),
+      observeError: () => observeErr,
+    });
+    const { c, clock } = setup([f], spec);
+    await c.runOnce();
+    expect(Object.keys(c.statuses().loops.files?.failures ?? {})).toEqual(['b']);
+    spec.current = specWith(2, { a: 1 });
+    c.notify();
+    await c.whenIdle();
+    expect(c.statuses().loops.files?.failures).toEqual({});
+    expect(cond(c.statuses().loops.files, 'Ready')?.status).toBe('True');
+
+    observeErr = new TerminalError('config dir is a file');
+    await c.runOnce();
+    expect(c.statuses().loops.files?.failures['(pass)']).toMatchObject({ terminal: true });
+    const passes = c.counters().files?.passes;
+    clock.advance(59_000); // no resync started, so only a retry timer could run it
+    await c.whenIdle();
+    expect(c.counters().files?.passes).toBe(passes);
+  });
+
+  it('a getSpec that throws fails the pass without wedging the loop', async () => {
+    let broken = true;
+    const good = specWith(1, { a: 1 });
+    const f = fakeLoop({ name: 'files' });
+    const clock = new FakeClock();
+    const c = new Controller({
+      loops: [f.loop],
+      getSpec: () => {
+        if (broken) throw new Error('store unreadable');
+        return good;
+      },
+      clock,
+      random: () => 0.5,
+    });
+    controllers.push(c);
+    await c.runOnce();
+    expect(c.counters().files?.errors).toBe(1);
+    broken = false;
+    clock.advance(1_000);
+    await c.whenIdle();
+    expect(f.world.get('a')).toBe('1');
+  });
+
+  it('listeners get one status event per pass that changed something', async () => {
+    const spec = { current: specWith(1, { a: 1, b: 1, c: 1 }) };
+    const f = fakeLoop({ name: 'files' });
+    const { c } = setup([f], spec);
+    const events: [string, string[]][] = [];
+    c.onStatus((loop, s) => events.push([loop, Object.keys(s.objects)]));
+    await c.runOnce();
+    expect(events).toEqual([['files', ['a', 'b', 'c']]]);
+  });
+
   it('rejects bad options at the door', () => {
     const spec = { current: specWith(1, {}) };
     const a = fakeLoop({ name: 'a', dependsOn: ['b'] });

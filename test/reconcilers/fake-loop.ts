@@ -130,9 +130,9 @@ export function fakeLoop(opts: FakeLoopOptions): FakeLoop {
         }
         return out;
       },
-    } as AnyLoop;
+    };
   } else {
-    f.loop = { ...loop, apply: applyOne } as AnyLoop;
+    f.loop = { ...loop, apply: applyOne };
   }
   return f;
 }

@@ -107,6 +107,8 @@ export interface ApplyOptions {
   logger?: Logger;
 }
 
+export const CONFLICT_MESSAGE = 'a file without the dstack-proxy marker has this name: left alone';
+
 type Change = { name: string; text: string; previous: string | null };
 
 /**
@@ -115,17 +117,21 @@ type Change = { name: string; text: string; previous: string | null };
  */
 export async function applyFiles(opts: ApplyOptions): Promise<ApplyResult> {
   const { plan, sitesDir, logger } = opts;
-  if (isEmptyPlan(plan)) return { applied: [], heldBack: [], reloaded: false };
+  const conflicts = plan.conflicts.map((file) => ({ file, message: CONFLICT_MESSAGE }));
+  if (isEmptyPlan(plan)) return { applied: [], heldBack: conflicts, reloaded: false };
   const changes: Change[] = [
     ...plan.create.map((c) => ({ ...c, previous: null })),
     ...plan.update.map((u) => ({ name: u.name, text: u.text, previous: u.previous })),
   ];
 
   // 1. Test: find the changes the candidate tree accepts.
-  const { accepted, heldBack } = await withCandidate(opts, (tryWith) => selectGood(changes, tryWith));
+  const selected = await withCandidate(opts, (tryWith) => selectGood(changes, tryWith));
+  const accepted = selected.accepted;
+  const heldBack = [...conflicts, ...selected.heldBack];
   if (accepted === null) {
     const all = [...changes.map((c) => c.name), ...plan.delete.map((d) => d.name)];
-    return { applied: [], heldBack: all.map((file) => ({ file, message: heldBack[0]?.message ?? 'nginx -t failed' })), reloaded: false };
+    const message = `the config fails nginx -t without any change: ${selected.heldBack[0]?.message ?? ''}`;
+    return { applied: [], heldBack: [...conflicts, ...all.map((file) => ({ file, message }))], reloaded: false };
   }
   if (accepted.length === 0 && plan.delete.length === 0) return { applied: [], heldBack, reloaded: false };
 

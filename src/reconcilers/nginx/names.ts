@@ -77,7 +77,6 @@ const BARE = /^[A-Za-z0-9_./:@%+=,~*^-]+$/;
  */
 export function quote(s: string): string {
   if (s.includes('$')) throw new ProxyError('DP_ERR_BAD_OPTION', `"$" cannot be written to an Nginx config: ${s}`);
-  // eslint-disable-next-line no-control-regex
   if (/[\x00-\x1f\x7f]/.test(s)) throw new ProxyError('DP_ERR_BAD_OPTION', `control character in ${JSON.stringify(s)}`);
   if (s !== '' && BARE.test(s)) return s;
   const escaped = s.replace(/\\/g, '\\\\');

@@ -191,6 +191,13 @@ async function readFrom(path: string, offset: number): Promise<string> {
   }
 }
 
+/** The master waits for signals in sigsuspend between reconfigurations (true when unknown). */
+async function masterIdle(pid: number): Promise<boolean> {
+  const wchan = await readFile(`/proc/${pid}/wchan`, 'utf8').catch(() => '');
+  if (!/^[a-z_]/.test(wchan)) return true; // wchan hidden: cannot tell, don't wait
+  return wchan.includes('sigsuspend');
+}
+
 /** PIDs whose parent is `pid` (scan of /proc). */
 async function childrenOf(pid: number): Promise<number[]> {
   const out: number[] = [];
@@ -329,8 +336,14 @@ export class NginxProcess {
       Date.now() + this.o.timeoutMs,
       async () => {
         const out = await readFrom(log, offset);
+        if (!/reconfiguring/.test(out)) return undefined; // the master has not picked up the signal yet
         const bad = /\[(emerg|alert)\][^\n]*/.exec(out);
-        if (bad) throw new Error(`nginx refused the reload: ${bad[0]}`);
+        if (bad) {
+          // Wait for the master to finish the attempt (bind() retries 5 × 500 ms) before
+          // reporting, so the next reload does not read this attempt's errors.
+          if (!(await masterIdle(pid))) return undefined;
+          throw new Error(`nginx refused the reload: ${bad[0]}`);
+        }
         if (!/start worker process/.test(out)) return undefined;
         for (const w of oldWorkers) {
           const title = await readFile(`/proc/${w}/cmdline`, 'utf8').catch(() => '');

@@ -1,11 +1,11 @@
 // planFiles / applyFiles against a real private Nginx: candidate tree + nginx -t, held-back
 // sites, rollback on a refused reload, foreign files, no-op applies.
 
-import { mkdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { applyFiles, planFiles, type ApplyOptions } from '../../../src/reconcilers/nginx/apply.js';
+import { applyFiles, CONFLICT_MESSAGE, planFiles, type ApplyOptions } from '../../../src/reconcilers/nginx/apply.js';
 import { MARKER, renderAll } from '../../../src/reconcilers/nginx/render.js';
 import { buildViews } from '../../../src/reconcilers/nginx/view.js';
 import { request } from '../../helpers/http.js';
@@ -157,12 +157,13 @@ describe('applyFiles on a real Nginx', () => {
     expect(plan.conflicts).toEqual(['sites/plain2.gw.test.conf']);
     expect(plan.delete.map((d) => d.name)).toEqual(['sites/plain.gw.test.conf']);
     expect(result.applied).toEqual(['sites/plain.gw.test.conf']);
+    expect(result.heldBack).toEqual([{ file: 'sites/plain2.gw.test.conf', message: CONFLICT_MESSAGE }]);
     expect(await exists('sites/plain.gw.test.conf')).toBe(false);
     expect(await readFile(conf('sites/foreign.gw.test.conf'), 'utf8')).toBe(foreign);
     expect(await readFile(conf('sites/plain2.gw.test.conf'), 'utf8')).toBe(clash);
     expect((await request({ port: ng.httpPort, host: 'foreign.gw.test' })).body).toBe('foreign');
     // clean up for the next test
-    await Promise.all(['sites/foreign.gw.test.conf', 'sites/plain2.gw.test.conf'].map((n) => import('node:fs/promises').then((fs) => fs.unlink(conf(n)))));
+    await Promise.all(['sites/foreign.gw.test.conf', 'sites/plain2.gw.test.conf'].map((n) => unlink(conf(n))));
   });
 
   it('holds back everything when the tree is broken without our changes', async () => {
@@ -176,13 +177,12 @@ describe('applyFiles on a real Nginx', () => {
       expect(result.heldBack).toEqual([{ file: 'sites/new.gw.test.conf', message: expect.stringContaining('zz-foreign-broken.conf') }]);
       expect(reloads).toBe(0);
     } finally {
-      await import('node:fs/promises').then((fs) => fs.unlink(conf('sites/zz-foreign-broken.conf')));
+      await unlink(conf('sites/zz-foreign-broken.conf'));
     }
   });
 });
 
 async function readdirCandidates(): Promise<string[]> {
-  const fs = await import('node:fs/promises');
-  const names = [...(await fs.readdir(ng.dir)), ...(await fs.readdir(ng.paths.confDir))];
+  const names = [...(await readdir(ng.dir)), ...(await readdir(ng.paths.confDir))];
   return names.filter((n) => n.includes('candidate'));
 }

@@ -1,0 +1,98 @@
+// PUT/GET /api/v1/state — shared by the gateway and the in-server proxy (DESIGN.md §4).
+
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { stringify } from 'yaml';
+import { ProxyError } from '../errors.js';
+import {
+  MAX_DOCUMENT_BYTES,
+  SpecError,
+  parseDocument,
+  redact,
+  validate,
+  type DocumentFormat,
+  type ProxyState,
+} from '../spec/index.js';
+import type { Runtime } from './runtime.js';
+
+const YAML_TYPES = ['application/yaml', 'application/x-yaml', 'text/yaml', 'text/x-yaml'];
+const JSON_TYPES = ['application/json'];
+
+export interface StateRoutesOptions {
+  runtime: Runtime;
+  guard: (request: FastifyRequest) => Promise<void>;
+}
+
+export async function stateRoutes(app: FastifyInstance, { runtime, guard }: StateRoutesOptions): Promise<void> {
+  // Our own parser sees the raw text, so YAML and JSON get the same limits and messages.
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser([...JSON_TYPES, ...YAML_TYPES], { parseAs: 'string', bodyLimit: MAX_DOCUMENT_BYTES }, (_req, body, done) =>
+    done(null, body),
+  );
+
+  app.put<{ Querystring: { dryRun?: string } }>('/api/v1/state', { onRequest: guard }, async (request) => {
+    const format: DocumentFormat = YAML_TYPES.some((t) => (request.headers['content-type'] ?? '').startsWith(t)) ? 'yaml' : 'json';
+    const next = parseAndValidate(String(request.body ?? ''), format);
+    const ifMatch = parseIfMatch(request.headers['if-match']);
+    const dryRun = request.query.dryRun === 'true' || request.query.dryRun === '1';
+
+    const current = await runtime.store.read();
+    if (ifMatch !== undefined && ifMatch !== current.generation) {
+      throw new ProxyError('DP_ERR_GENERATION_MISMATCH', `If-Match is ${ifMatch}; the current generation is ${current.generation}`, {
+        generation: current.generation,
+      });
+    }
+    const plan = await runtime.plan(next, current.state);
+    if (dryRun) {
+      const changed = plan.document.changes.length > 0;
+      return { generation: current.generation, hash: current.hash, changed, dryRun: true, plan };
+    }
+    const result = await runtime.store.write(next, ifMatch === undefined ? {} : { ifMatch });
+    if (result.changed) {
+      request.log.info({ generation: result.generation, hash: result.hash, changes: plan.document.changes.length }, 'new generation stored');
+      runtime.notify();
+    }
+    return { generation: result.generation, hash: result.hash, changed: result.changed, plan };
+  });
+
+  app.get('/api/v1/state', { onRequest: guard }, async (request, reply) => {
+    const s = await runtime.store.read();
+    const doc = withMetadata(redact(s.state), s.generation, s.hash, s.updatedAt);
+    reply.header('etag', `"${s.generation}"`);
+    if ((request.headers.accept ?? '').split(',').some((t) => YAML_TYPES.includes(t.trim().split(';')[0]!))) {
+      return reply.type('application/yaml').send(stringify(doc));
+    }
+    return doc;
+  });
+}
+
+function withMetadata(state: ProxyState, generation: number, hash: string, updatedAt: string): Record<string, unknown> {
+  return { apiVersion: state.apiVersion, kind: state.kind, metadata: { generation, hash, updatedAt }, spec: state.spec };
+}
+
+function parseAndValidate(text: string, format: DocumentFormat): ProxyState {
+  let raw: unknown;
+  try {
+    raw = parseDocument(text, format);
+  } catch (err) {
+    if (err instanceof SpecError) {
+      const code = err.kind === 'too-large' ? 'DP_ERR_DOCUMENT_TOO_LARGE' : 'DP_ERR_MALFORMED_DOCUMENT';
+      throw new ProxyError(code, err.issues[0]?.message, { errors: err.issues });
+    }
+    throw err;
+  }
+  const result = validate(raw);
+  if (!result.ok) {
+    throw new ProxyError('DP_ERR_INVALID_DOCUMENT', `the document has ${result.errors.length} error(s)`, { errors: result.errors });
+  }
+  return result.state;
+}
+
+/** `If-Match: 3`, `"3"` or `W/"3"` → 3. */
+export function parseIfMatch(header: string | string[] | undefined): number | undefined {
+  if (header === undefined) return undefined;
+  const value = (Array.isArray(header) ? header[0] : header)?.trim().replace(/^W\//, '').replace(/^"(.*)"$/, '$1');
+  if (value === undefined || !/^\d{1,15}$/.test(value)) {
+    throw new ProxyError('DP_ERR_BAD_IF_MATCH', `If-Match must be a generation number; got ${JSON.stringify(header)}`);
+  }
+  return Number(value);
+}

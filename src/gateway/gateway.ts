@@ -1,0 +1,182 @@
+// The gateway daemon: state store + controller + loops + private or system Nginx + HTTP API.
+// startGateway() returns once the API listens and the first reconcile pass has finished.
+
+import { mkdir, readFile, stat } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { pino, type Logger } from 'pino';
+import { buildApp } from '../api/app.js';
+import type { LoopPlan, Plan, Runtime } from '../api/runtime.js';
+import { ProxyError } from '../errors.js';
+import { Controller } from '../reconcilers/controller.js';
+import type { Clock } from '../reconcilers/clock.js';
+import { createNginxLoop, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
+import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
+import type { AnyLoop } from '../reconcilers/types.js';
+import { diffSpecs, type ProxyState } from '../spec/index.js';
+import { openFileStore } from '../state/file-store.js';
+import type { StateStore, StoredState } from '../state/store.js';
+import type { GatewayOptions } from './options.js';
+
+export interface Gateway {
+  app: FastifyInstance;
+  controller: Controller;
+  store: StateStore;
+  /** http://host:port of the API. */
+  apiUrl: string;
+  nginxStats: NginxLoopStats;
+  /** The private Nginx, when it runs one. */
+  nginx: NginxProcess | undefined;
+  paths: { stateDir: string; confDir: string; accessLog: string; acmeWebroot: string };
+  close(): Promise<void>;
+}
+
+export interface GatewayDeps {
+  logger?: Logger;
+  clock?: Clock;
+  /** Test hook passed to the Nginx loop. */
+  renderHook?: NginxLoopOptions['renderHook'];
+}
+
+export async function startGateway(options: GatewayOptions, deps: GatewayDeps = {}): Promise<Gateway> {
+  const logger = deps.logger ?? pino({ level: options.logLevel, base: { svc: 'dstack-proxy' } });
+  const stateDir = resolve(options.stateDir);
+
+  // 1. State: fails here, before anything is touched, when state.json is corrupt.
+  const store = await openFileStore({ stateDir });
+  let current: StoredState = await store.read();
+  const apiToken = options.apiTokenFile ? await readApiToken(options.apiTokenFile, logger) : undefined;
+
+  // 2. Nginx: a private master under the state dir, or the system one.
+  const acmeWebroot = join(stateDir, 'acme-webroot');
+  const logsDir = join(stateDir, 'logs');
+  await mkdir(join(acmeWebroot, '.well-known', 'acme-challenge'), { recursive: true });
+  await mkdir(logsDir, { recursive: true });
+  const accessLog = join(logsDir, 'access.log');
+  let nginx: NginxProcess | undefined;
+  let confDir: string;
+  let mainConfPath: string;
+  let test: NginxLoopOptions['test'];
+  let reload: NginxLoopOptions['reload'];
+  if (options.nginx === 'private') {
+    const prefix = join(stateDir, 'nginx');
+    const paths = await writeMainConf(prefix, options.sitesDir ? { confDir: resolve(options.sitesDir) } : {});
+    confDir = paths.confDir;
+    mainConfPath = paths.confPath;
+    nginx = new NginxProcess({
+      paths,
+      nginxBin: options.nginxBin,
+      logger: logger.child({ component: 'nginx' }),
+    });
+    test = (conf) => testConfig(conf, paths.prefix, { nginxBin: options.nginxBin });
+    reload = () => nginx!.reload();
+  } else {
+    confDir = resolve(options.sitesDir!);
+    await mkdir(join(confDir, 'sites'), { recursive: true });
+    const system = systemNginx({ reloadCommand: options.reloadCommand, testCommand: options.testCommand });
+    mainConfPath = resolve(options.nginxConf);
+    test = (conf) => system.test(conf);
+    reload = () => system.reload();
+  }
+
+  // 3. Loops and the controller.
+  const nginxLoop = createNginxLoop({
+    confDir,
+    mainConfPath,
+    test,
+    reload,
+    view: {
+      httpPort: options.httpPort,
+      httpsPort: options.httpsPort,
+      listenHost: options.listenHost,
+      apiUrl: `http://${urlHost(options.apiHost === '0.0.0.0' || options.apiHost === '::' ? '127.0.0.1' : options.apiHost)}:${options.apiPort}`,
+      proxyReadTimeoutSec: Math.round(options.proxyReadTimeout),
+      acmeWebroot,
+      accessLogPath: accessLog,
+    },
+    ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
+  });
+  const loops: AnyLoop[] = [nginxLoop as unknown as AnyLoop];
+  const controller = new Controller({
+    loops,
+    getSpec: () => ({ state: current.state, generation: current.generation }),
+    resyncIntervalMs: options.resyncInterval * 1000,
+    logger: logger.child({ component: 'controller' }),
+    ...(deps.clock ? { clock: deps.clock } : {}),
+  });
+
+  // 4. The API: listening before the first pass, so /readyz can say "not yet".
+  let ready = false;
+  const runtime: Runtime = {
+    store,
+    async plan(next: ProxyState, base: ProxyState): Promise<Plan> {
+      const actions = await controller.dryRun(next);
+      const loopsOut: Record<string, LoopPlan> = {};
+      for (const [name, list] of Object.entries(actions)) {
+        loopsOut[name] = {
+          actions: list.map((a) => ({ key: a.key, kind: a.kind, summary: a.summary, ...(a.diff ? { diff: a.diff } : {}) })),
+          ...(name === NGINX_LOOP ? { notes: { reload: list.some((a) => a.kind !== 'conflict') } } : {}),
+        };
+      }
+      return { document: diffSpecs(base, next), loops: loopsOut };
+    },
+    notify() {
+      void store.read().then((s) => {
+        current = s;
+        controller.notify();
+      });
+    },
+    status: () => controller.statuses(),
+    isReady: () => ready,
+  };
+  const app = await buildApp({ runtime, logger: logger.child({ component: 'api' }), ...(apiToken ? { apiToken } : {}) });
+
+  const close = async (): Promise<void> => {
+    await app.close();
+    await controller.stop();
+    await nginx?.stop();
+    await store.close();
+  };
+
+  try {
+    await nginx?.start();
+    const address = await app.listen({ host: options.apiHost, port: options.apiPort });
+    logger.info({ address, generation: current.generation, nginx: options.nginx, confDir }, 'gateway listening');
+    // 5. The first pass: adopts files already correct, writes the rest, reloads at most once.
+    await controller.start();
+    ready = true;
+    logger.info({ generation: current.generation }, 'first reconcile pass finished');
+    const port = (app.server.address() as { port: number }).port;
+    return {
+      app,
+      controller,
+      store,
+      apiUrl: `http://${urlHost(options.apiHost)}:${port}`,
+      nginxStats: nginxLoop.stats,
+      nginx,
+      paths: { stateDir, confDir, accessLog, acmeWebroot },
+      close,
+    };
+  } catch (err) {
+    await close().catch(() => undefined);
+    throw err;
+  }
+}
+
+async function readApiToken(file: string, logger: Logger): Promise<string> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `cannot read --api-token-file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
+  }
+  const token = text.trim();
+  if (token.length < 16) throw new ProxyError('DP_ERR_BAD_OPTION', `--api-token-file ${file}: the token must be at least 16 characters`);
+  const mode = (await stat(file)).mode & 0o077;
+  if (mode !== 0) logger.warn({ file }, 'the API token file is readable by group or others; chmod 600 it');
+  return token;
+}
+
+function urlHost(host: string): string {
+  return host.includes(':') ? `[${host}]` : host;
+}

@@ -1,0 +1,171 @@
+// The Nginx loop: desired = rendered files; observed = the owned files on disk; plan = one
+// action per file that differs; applyBatch = test the candidate tree, hold back what fails,
+// swap the rest in and reload once (apply.ts). Status per site: `Ready`, and `Degraded` with
+// nginx's own error line when a site is held back.
+
+import { TerminalError } from '../../errors.js';
+import type { ProxyState, Service } from '../../spec/types.js';
+import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot } from '../types.js';
+import { applyFiles, readOwned, unifiedDiff, type FilePlan } from './apply.js';
+import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
+import type { TestResult } from './nginx-process.js';
+import { renderAll } from './render.js';
+import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
+
+export const NGINX_LOOP = 'nginx';
+
+export interface NginxLoopOptions {
+  /** The managed conf dir (global file + sites/), included by the main conf. */
+  confDir: string;
+  mainConfPath: string;
+  view: Omit<ViewOptions, 'certFor' | 'upstreamFor'>;
+  test: (confPath: string) => Promise<TestResult>;
+  reload: () => Promise<void>;
+  /** Certificates that are Ready, from the TLS loop's status; default: none yet. */
+  certFor?: (domain: string, statuses: StatusSnapshot) => CertPaths | null;
+  upstreamFor?: (service: Service) => UpstreamTarget;
+  /** Test hook: rewrite a rendered file before it is planned (inject a broken site). */
+  renderHook?: (fileName: string, text: string) => string;
+  /** Dependencies whose status feeds `desired` (the TLS loop, once it exists). */
+  dependsOn?: readonly string[];
+}
+
+export interface FilePayload {
+  name: string;
+  /** null = delete. */
+  text: string | null;
+  previous: string | null;
+}
+
+export interface NginxLoopStats {
+  reloads: number;
+  reloadFailures: number;
+  lastReloadAt: number | null;
+  filesWritten: number;
+}
+
+interface Observed {
+  owned: Map<string, string>;
+  /** *.conf files without our marker: never read further, overwritten or deleted. */
+  foreign: Set<string>;
+}
+
+export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats } {
+  const stats: NginxLoopStats = { reloads: 0, reloadFailures: 0, lastReloadAt: null, filesWritten: 0 };
+  return {
+    name: NGINX_LOOP,
+    stats,
+    ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
+
+    desired(spec: ProxyState, statuses: StatusSnapshot): Map<string, string> {
+      const views = buildViews(spec, {
+        ...o.view,
+        certFor: o.certFor ? (d) => o.certFor!(d, statuses) : () => null,
+        ...(o.upstreamFor ? { upstreamFor: o.upstreamFor } : {}),
+      });
+      const files = renderAll(views);
+      if (!o.renderHook) return files;
+      const out = new Map<string, string>();
+      for (const [name, text] of files) out.set(name, o.renderHook(name, text));
+      return out;
+    },
+
+    async observe(ctx: LoopContext): Promise<Observed> {
+      const { owned, foreign } = await readOwned(o.confDir);
+      // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
+      // Sites held back before they ever reached the disk keep their rejection on record.
+      const keys = [...owned.keys()].map(objectKey);
+      const rejected = ctx.status.keys().filter((k) => ctx.status.get(k)?.some((c) => c.type === 'Ready' && c.status === 'False'));
+      ctx.status.prune([...keys, ...rejected]);
+      for (const key of keys) {
+        if (!ctx.status.get(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+      }
+      return { owned, foreign };
+    },
+
+    plan(desired: Map<string, string>, { owned, foreign }: Observed): Action<FilePayload>[] {
+      const actions: Action<FilePayload>[] = [];
+      for (const [name, text] of desired) {
+        if (foreign.has(name)) {
+          actions.push({ key: name, kind: 'conflict', summary: `skip ${name}: a file not written by dstack-proxy is in the way`, payload: { name, text, previous: null } });
+          continue;
+        }
+        const previous = owned.get(name) ?? null;
+        if (previous === text) continue;
+        actions.push({
+          key: name,
+          kind: previous === null ? 'create' : 'update',
+          summary: `${previous === null ? 'create' : 'update'} ${name}`,
+          payload: { name, text, previous },
+          diff: unifiedDiff(previous, text, name),
+        });
+      }
+      for (const [name, previous] of owned) {
+        if (desired.has(name)) continue;
+        actions.push({ key: name, kind: 'delete', summary: `delete ${name}`, payload: { name, text: null, previous }, diff: unifiedDiff(previous, null, name) });
+      }
+      return actions;
+    },
+
+    async applyBatch(actions: Action<FilePayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
+      const plan: FilePlan = { create: [], update: [], delete: [], unchanged: [], conflicts: [] };
+      const outcomes = new Map<string, BatchOutcome>();
+      for (const { kind, payload: p } of actions) {
+        if (kind === 'conflict') {
+          const message = `${o.confDir}/${p.name} exists and was not written by dstack-proxy; move it away to let this site be served`;
+          outcomes.set(p.name, { error: new TerminalError(message) });
+          ctx.status.set(objectKey(p.name), { type: 'Ready', status: 'False', reason: 'FileConflict', message });
+        } else if (p.text === null) plan.delete.push({ name: p.name, previous: p.previous ?? '' });
+        else if (p.previous === null) plan.create.push({ name: p.name, text: p.text });
+        else plan.update.push({ name: p.name, text: p.text, previous: p.previous });
+      }
+      const result = await applyFiles({
+        plan,
+        sitesDir: o.confDir,
+        mainConfPath: o.mainConfPath,
+        test: o.test,
+        reload: async () => {
+          try {
+            await o.reload();
+            stats.reloads++;
+            stats.lastReloadAt = ctx.clock.now();
+          } catch (err) {
+            stats.reloadFailures++;
+            throw err;
+          }
+        },
+        logger: ctx.logger,
+      });
+      for (const name of result.applied) {
+        outcomes.set(name, 'done');
+        const key = objectKey(name);
+        if (plan.delete.some((d) => d.name === name)) ctx.status.delete(key);
+        else {
+          stats.filesWritten++;
+          ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+          ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
+        }
+      }
+      for (const { file, message } of result.heldBack) {
+        outcomes.set(file, { error: new Error(message) });
+        const key = objectKey(file);
+        const wasServing = ctx.status.get(key) !== undefined;
+        ctx.status.set(key, {
+          type: 'Ready',
+          status: wasServing ? 'True' : 'False',
+          reason: wasServing ? 'ServingPrevious' : 'ConfigRejected',
+          message: wasServing ? 'the previous version is still served' : message,
+        });
+        ctx.status.set(key, { type: 'Degraded', status: 'True', reason: 'ConfigRejected', message });
+      }
+      return outcomes;
+    },
+  };
+}
+
+/** Status object key of a file: the site's domain, or `global`. */
+export function objectKey(fileName: string): string {
+  if (fileName === GLOBAL_FILE) return 'global';
+  const site = fileName.startsWith(`${SITES_SUBDIR}/`) ? fileName.slice(SITES_SUBDIR.length + 1) : fileName;
+  return site.replace(/\.conf$/, '');
+}

@@ -1,0 +1,126 @@
+import { unlink, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  mainConfText,
+  NginxProcess,
+  parseTestOutput,
+  splitCommand,
+  systemNginx,
+  testConfig,
+} from '../../../src/reconcilers/nginx/nginx-process.js';
+import { renderGlobal } from '../../../src/reconcilers/nginx/render.js';
+import { buildViews } from '../../../src/reconcilers/nginx/view.js';
+import { request } from '../../helpers/http.js';
+import { eventually, startTestNginx, type TestNginx } from '../../helpers/nginx.js';
+import { emptyState } from '../../../src/spec/types.js';
+
+describe('mainConfText', () => {
+  it('points every path into the state dir and includes the global file before the sites', () => {
+    const { text, paths } = mainConfText('/srv/dp', { user: 'root', workerProcesses: 'auto' });
+    expect(paths).toEqual({
+      prefix: '/srv/dp',
+      confPath: '/srv/dp/nginx.conf',
+      confDir: '/srv/dp/conf.d',
+      pidPath: '/srv/dp/nginx.pid',
+      errorLogPath: '/srv/dp/logs/error.log',
+    });
+    const lines = text.split('\n').map((l) => l.trim());
+    for (const want of [
+      'worker_processes auto;',
+      'pid /srv/dp/nginx.pid;',
+      'error_log /srv/dp/logs/error.log notice;',
+      'user root;',
+      'proxy_temp_path /srv/dp/tmp/proxy;',
+      'client_body_temp_path /srv/dp/tmp/body;',
+      'server_names_hash_bucket_size 128;',
+    ]) expect(lines).toContain(want);
+    expect(lines.indexOf('include /srv/dp/conf.d/*.conf;')).toBeLessThan(lines.indexOf('include /srv/dp/conf.d/sites/*.conf;'));
+  });
+  it('omits user when told, and refuses a bad worker count', () => {
+    expect(mainConfText('/x', { user: null }).text).not.toContain('user ');
+    expect(() => mainConfText('/x', { workerProcesses: 0 })).toThrow(/workerProcesses/);
+  });
+});
+
+describe('parseTestOutput', () => {
+  it.each([
+    [
+      'nginx: [emerg] unexpected "}" in /t/ng/sites/bad.conf:1\nnginx: configuration file /t/nginx.conf test failed',
+      { message: '[emerg] unexpected "}" in /t/ng/sites/bad.conf:1', file: '/t/ng/sites/bad.conf', line: 1 },
+    ],
+    [
+      '2026/01/01 00:00:00 [emerg] 12#12: unknown directive "x" in /a/b.conf:7',
+      { message: '[emerg] unknown directive "x" in /a/b.conf:7', file: '/a/b.conf', line: 7 },
+    ],
+    ['nginx: [emerg] no "events" section in configuration', { message: '[emerg] no "events" section in configuration' }],
+  ])('%s', (out, want) => expect(parseTestOutput(out)).toEqual(want));
+});
+
+describe('splitCommand', () => {
+  it.each([
+    ['nginx -s reload', ['nginx', '-s', 'reload']],
+    ['systemctl  reload nginx', ['systemctl', 'reload', 'nginx']],
+    [`nginx -g 'daemon off;' -t`, ['nginx', '-g', 'daemon off;', '-t']],
+    ['nginx "a b"; rm -rf /', ['nginx', 'a b', ';', 'rm', '-rf', '/']], // no shell: ';' is just an argument
+  ])('%s', (cmd, want) => expect(splitCommand(cmd).filter(Boolean)).toEqual(want.filter(Boolean)));
+  it('refuses an empty command', () => expect(() => splitCommand('  ')).toThrow());
+});
+
+describe('a private Nginx', () => {
+  let ng: TestNginx;
+  beforeAll(async () => {
+    ng = await startTestNginx({ start: false });
+    const views = buildViews(emptyState(), { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath });
+    await writeFile(join(ng.paths.confDir, views.global.fileName), renderGlobal(views.global));
+  });
+  afterAll(async () => {
+    await ng?.stop();
+  });
+
+  it('tests configs and reports the failing file and line', async () => {
+    expect(await testConfig(ng.paths.confPath, ng.paths.prefix)).toEqual({ ok: true });
+    const bad = join(ng.paths.confDir, 'sites', 'bad.conf');
+    await writeFile(bad, 'server {\n  listen 1;\n}\n}\n');
+    try {
+      expect(await testConfig(ng.paths.confPath, ng.paths.prefix)).toMatchObject({ ok: false, file: bad, line: 4 });
+      await expect(ng.proc.start()).rejects.toThrow(/unexpected "}"/);
+    } finally {
+      await unlink(bad);
+    }
+  });
+
+  it('starts, serves, reloads and restarts after an unexpected exit', async () => {
+    await ng.proc.start();
+    const first = ng.proc.pid;
+    expect((await request({ port: ng.httpPort, host: 'unknown.test' })).status).toBe(404);
+    await ng.proc.reload();
+    expect(ng.events.map((e) => e.type)).toEqual(['started', 'reloaded']);
+
+    process.kill(first!, 'SIGTERM'); // not through stop(): a crash as far as the supervisor knows
+    await eventually(() => (ng.events.filter((e) => e.type === 'started').length === 2 ? true : undefined));
+    expect(ng.events).toContainEqual({ type: 'exited', code: 0, signal: null, expected: false });
+    expect(ng.events).toContainEqual({ type: 'restarting', attempt: 1, delayMs: 200 });
+    expect(ng.proc.pid).not.toBe(first);
+    expect((await request({ port: ng.httpPort, host: 'unknown.test' })).status).toBe(404);
+  });
+
+  it('runs system-mode test and reload commands without a shell', async () => {
+    const sys = systemNginx({
+      testCommand: `/usr/sbin/nginx -t -q -p ${ng.paths.prefix}`,
+      reloadCommand: `/usr/sbin/nginx -s reload -p ${ng.paths.prefix} -c ${ng.paths.confPath}`,
+    });
+    expect(await sys.test(ng.paths.confPath)).toEqual({ ok: true });
+    const offset = ng.events.length;
+    await sys.reload();
+    await expect(systemNginx({ reloadCommand: '/usr/sbin/nginx -s reload -c /nonexistent.conf' }).reload()).rejects.toThrow(/exited 1/);
+    expect(ng.events.length).toBe(offset); // a signal from outside is not a restart
+  });
+
+  it('stops without restarting', async () => {
+    const before = ng.events.length;
+    await ng.proc.stop();
+    expect(ng.events.slice(before)).toEqual([expect.objectContaining({ type: 'exited', expected: true })]);
+    expect(ng.proc.pid).toBeUndefined();
+  });
+});

@@ -1,0 +1,164 @@
+// Snapshot plus must-contain (STYLE.md): the snapshot catches any change, the line checks make
+// sure an updated snapshot can't silently drop a directive that matters.
+
+import { describe, expect, it } from 'vitest';
+import { MARKER, renderAll, renderGlobal, renderSite } from '../../../src/reconcilers/nginx/render.js';
+import { buildViews, type SiteView, type ViewOptions } from '../../../src/reconcilers/nginx/view.js';
+import { sampleState } from './fixtures.js';
+
+const opts: ViewOptions = {
+  httpPort: 80,
+  httpsPort: 443,
+  acmeWebroot: '/var/lib/dstack-proxy/acme',
+  accessLogPath: '/var/log/dstack-proxy/access.log',
+  certFor: (d) => (d === 'llama-8b.gw.test' || d === 'gateway.gw.test' ? { certPath: `/certs/${d}/fullchain.pem`, keyPath: `/certs/${d}/privkey.pem` } : null),
+  upstreamFor: (s) => (s.run === 'plain' ? { kind: 'socket', path: '/run/dstack-proxy/main.plain.sock' } : { kind: 'direct', servers: s.replicas.flatMap((r) => (r.direct ? [`${r.direct.host}:${r.direct.port}`] : [])) }),
+};
+const views = buildViews(sampleState(8001), opts);
+const site = (domain: string): SiteView => {
+  const s = views.sites.find((x) => x.domain === domain);
+  if (!s) throw new Error(domain);
+  return s;
+};
+const linesOf = (text: string) => text.split('\n').map((l) => l.trim());
+
+function expectLines(text: string, want: string[]): void {
+  const have = new Set(linesOf(text));
+  for (const w of want) expect(have, `missing line: ${w}`).toContain(w);
+}
+
+describe('snapshots', () => {
+  for (const [name, text] of renderAll(views)) {
+    it(name, async () => {
+      await expect(text).toMatchFileSnapshot(`./__snapshots__/${name.replace('/', '__')}`);
+    });
+  }
+});
+
+describe('every file', () => {
+  it('starts with the marker line and ends with a newline', () => {
+    for (const text of renderAll(views).values()) {
+      expect(text.split('\n')[0]).toBe(MARKER);
+      expect(text.endsWith('}\n')).toBe(true);
+    }
+  });
+  it('is deterministic', () => {
+    expect(renderAll(buildViews(sampleState(8001), opts))).toEqual(renderAll(views));
+  });
+});
+
+describe('global file', () => {
+  const text = renderGlobal(views.global);
+  it('defines the stats log format, the hit flag and the upgrade map', () => {
+    expectLines(text, [
+      "log_format dstack_stat '$time_iso8601 $host $status $request_time $dstack_replica_hit';",
+      'map $host $dstack_replica_hit {',
+      'default 0;',
+      'map $http_upgrade $dstack_connection_upgrade {',
+      'default upgrade;',
+      "'' '';",
+    ]);
+  });
+  it('has a default server: 404 except ACME challenges; TLS handshakes for unknown names rejected', () => {
+    expectLines(text, ['listen 80 default_server;'.replace('80', '127.0.0.1:80'), 'location ^~ /.well-known/acme-challenge/ {', 'root /var/lib/dstack-proxy/acme;', 'return 404;', 'listen 127.0.0.1:443 ssl http2 default_server;', 'ssl_reject_handshake on;']);
+  });
+  it('can leave the default server and hash sizes to the operator', () => {
+    const t = renderGlobal({ ...views.global, defaultServer: false, serverNamesHash: true });
+    expect(t).not.toContain('default_server');
+    expectLines(t, ['server_names_hash_bucket_size 128;', 'server_names_hash_max_size 65536;']);
+  });
+});
+
+describe('service site', () => {
+  const text = renderSite(site('llama-8b.gw.test'));
+  it('listens on HTTP and, with a Ready cert, HTTPS', () => {
+    expectLines(text, [
+      'server_name llama-8b.gw.test;',
+      'listen 127.0.0.1:80;',
+      'listen 127.0.0.1:443 ssl http2;',
+      'ssl_certificate /certs/llama-8b.gw.test/fullchain.pem;',
+      'ssl_certificate_key /certs/llama-8b.gw.test/privkey.pem;',
+      'return 301 https://$host$request_uri;',
+      'if ($remote_addr = 127.0.0.1) {',
+      'if ($uri ~ "^/\\.well-known/acme-challenge/") {',
+    ]);
+  });
+  it('renders HTTP only without a Ready cert', () => {
+    const t = renderSite(site('empty.gw.test'));
+    expect(t).not.toContain('ssl');
+    expect(t).not.toContain('return 301');
+  });
+  it('limits body size, rate-limits per prefix with 429', () => {
+    expectLines(text, [
+      'client_max_body_size 1048576;',
+      'limit_req_zone $binary_remote_addr zone=dstack.main.llama-8b.0.binary_remote_addr:10m rate=10r/s;',
+      'limit_req_zone $binary_remote_addr zone=dstack.main.llama-8b.1.binary_remote_addr:10m rate=150r/m;',
+      'limit_req_zone $http_x_api_key zone=dstack.main.llama-8b.2.http_x_api_key:10m rate=6r/m;',
+      'location / {',
+      'location /v1/chat {',
+      'limit_req zone=dstack.main.llama-8b.1.binary_remote_addr burst=5 nodelay;',
+      'limit_req zone=dstack.main.llama-8b.2.http_x_api_key;',
+      'limit_req_status 429;',
+    ]);
+  });
+  it('authenticates with auth_request, bypassed from 127.0.0.1, and strips the token', () => {
+    expectLines(text, [
+      'satisfy any;',
+      'allow 127.0.0.1;',
+      'deny all;',
+      'auth_request /_dstack_auth;',
+      'location = /_dstack_auth {',
+      'internal;',
+      'proxy_pass http://127.0.0.1:8000/api/auth/main;',
+      'proxy_pass_request_body off;',
+      'proxy_set_header Authorization $http_authorization;',
+      'proxy_set_header Authorization "";',
+    ]);
+  });
+  it('proxies to a keepalive upstream with forwarded and upgrade headers, and flags the hit', () => {
+    expectLines(text, [
+      'upstream dstack.main.llama-8b {',
+      'server 127.0.0.1:8001;',
+      'keepalive 64;',
+      'try_files /nonexistent @dstack_replica;',
+      'location @dstack_replica {',
+      'set $dstack_replica_hit 1;',
+      'proxy_pass http://dstack.main.llama-8b;',
+      'proxy_http_version 1.1;',
+      'proxy_set_header Host $host;',
+      'proxy_set_header X-Real-IP $remote_addr;',
+      'proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;',
+      'proxy_set_header X-Forwarded-Proto $scheme;',
+      'proxy_set_header Upgrade $http_upgrade;',
+      'proxy_set_header Connection $dstack_connection_upgrade;',
+      'proxy_read_timeout 300s;',
+      'access_log /var/log/dstack-proxy/access.log dstack_stat;',
+    ]);
+  });
+  it('adds CORS for OpenAI models', () => {
+    expectLines(text, ['add_header Access-Control-Allow-Origin * always;', 'return 204;']);
+    expect(renderSite(site('empty.gw.test'))).not.toContain('Access-Control');
+  });
+  it('answers 503 with JSON when there is no upstream', () => {
+    const t = renderSite(site('empty.gw.test'));
+    expectLines(t, ['default_type application/json;', `return 503 '{"detail":"Service main/empty has no running replicas"}';`]);
+    expect(t).not.toContain('upstream');
+  });
+  it('renders a Unix-socket upstream', () => {
+    expectLines(renderSite(site('plain.gw.test')), ['server unix:/run/dstack-proxy/main.plain.sock;', 'keepalive 64;']);
+  });
+});
+
+describe('entrypoint site', () => {
+  const text = renderSite(site('gateway.gw.test'));
+  it('proxies everything to the project model API with the same TLS logic', () => {
+    expectLines(text, [
+      'server_name gateway.gw.test;',
+      'listen 127.0.0.1:443 ssl http2;',
+      'return 301 https://$host$request_uri;',
+      'location / {',
+      'proxy_pass http://127.0.0.1:8000/api/models/main/;',
+      'proxy_buffering off;',
+    ]);
+  });
+});
