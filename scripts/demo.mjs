@@ -1,5 +1,105 @@
 #!/usr/bin/env node
-// `npm start`: validate the local example (the gateway daemon lands with issue 3).
-import { spawnSync } from 'node:child_process';
-const r = spawnSync(process.execPath, ['dist/src/cli.js', 'validate', '-f', 'examples/local-state.yaml'], { stdio: 'inherit' });
-process.exit(r.status ?? 1);
+// `npm start`: the gateway on examples/local-state.yaml, on one machine, no root paths.
+//   - two tiny demo model servers on 127.0.0.1:18001 and :18002 (the example's replicas);
+//   - `dstack-proxy gateway` with a private Nginx under ./.dstack-proxy on HTTP port 18080,
+//     API on 127.0.0.1:18000;
+//   - PUT of the example, then the curl line to try. Ctrl-C stops everything.
+// Ports can be moved with DEMO_HTTP_PORT / DEMO_API_PORT.
+
+import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const httpPort = Number(process.env.DEMO_HTTP_PORT ?? 18080);
+const apiPort = Number(process.env.DEMO_API_PORT ?? 18000);
+const example = path.join(root, 'examples', 'local-state.yaml');
+
+const replicas = [18001, 18002].map((port, i) =>
+  http
+    .createServer((req, res) => {
+      res.setHeader('content-type', 'application/json');
+      res.end(`${JSON.stringify({ replica: `hello-${i}`, method: req.method, path: req.url })}\n`);
+    })
+    .listen(port, '127.0.0.1'),
+);
+
+const gateway = spawn(
+  process.execPath,
+  [
+    path.join(root, 'dist', 'src', 'cli.js'),
+    'gateway',
+    '--state-dir', path.join(root, '.dstack-proxy'),
+    '--http-port', String(httpPort),
+    '--https-port', String(httpPort + 363),
+    '--listen-host', '127.0.0.1',
+    '--api-port', String(apiPort),
+    '--log-level', process.env.DEMO_LOG_LEVEL ?? 'warn',
+  ],
+  { stdio: ['ignore', 'inherit', 'inherit'] },
+);
+
+let stopping = false;
+function stop(code) {
+  if (stopping) return;
+  stopping = true;
+  for (const r of replicas) r.close();
+  if (gateway.exitCode === null) gateway.kill('SIGTERM');
+  gateway.once('exit', () => process.exit(code));
+  setTimeout(() => process.exit(code), 10_000).unref();
+}
+process.on('SIGINT', () => stop(0));
+process.on('SIGTERM', () => stop(0));
+gateway.on('exit', (code) => {
+  if (!stopping) {
+    process.stderr.write(`demo: the gateway exited with code ${code}\n`);
+    stop(code ?? 1);
+  }
+});
+
+async function waitReady() {
+  const deadline = Date.now() + 30_000;
+  while (Date.now() < deadline) {
+    try {
+      const r = await fetch(`http://127.0.0.1:${apiPort}/readyz`);
+      if (r.ok) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error('the gateway did not become ready within 30 s');
+}
+
+try {
+  await waitReady();
+  const put = await fetch(`http://127.0.0.1:${apiPort}/api/v1/state`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/yaml' },
+    body: readFileSync(example, 'utf8'),
+  });
+  const body = await put.json();
+  if (!put.ok) throw new Error(`PUT failed: ${JSON.stringify(body)}`);
+  // Wait until the site answers (the Nginx loop converges right after the PUT).
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const r = await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host: 'hello.localhost' } }).catch(() => null);
+    if (r?.ok) break;
+    if (Date.now() > deadline) throw new Error('the example site did not come up within 15 s');
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  process.stdout.write(`
+dstack-proxy is serving ${path.relative(root, example)} (generation ${body.generation}).
+
+  curl -H 'Host: hello.localhost' http://127.0.0.1:${httpPort}/
+  curl http://127.0.0.1:${apiPort}/api/v1/status
+  node dist/src/cli.js plan -f examples/local-state.yaml --url http://127.0.0.1:${apiPort}
+
+State, Nginx config and logs are under .dstack-proxy/. Ctrl-C stops the gateway and its Nginx.
+`);
+} catch (err) {
+  process.stderr.write(`demo: ${err.message}\n`);
+  stop(1);
+}

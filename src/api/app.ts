@@ -1,6 +1,6 @@
 // The gateway's HTTP API, built apart from listening: tests call app.inject().
 
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import { MAX_DOCUMENT_BYTES } from '../spec/index.js';
 import { tokenGuard } from './api-token.js';
@@ -20,7 +20,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const app = Fastify({
     loggerInstance: (options.logger || undefined) as FastifyBaseLogger | undefined,
     bodyLimit: MAX_DOCUMENT_BYTES,
-    disableRequestLogging: true,
+    logController: new LogController({ disableRequestLogging: true }),
   });
   installErrorHandlers(app);
   const guard = tokenGuard(options.apiToken);

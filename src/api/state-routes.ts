@@ -6,13 +6,14 @@ import { ProxyError } from '../errors.js';
 import {
   MAX_DOCUMENT_BYTES,
   SpecError,
+  hashSpec,
   parseDocument,
   redact,
   validate,
   type DocumentFormat,
   type ProxyState,
 } from '../spec/index.js';
-import type { Runtime } from './runtime.js';
+import type { Plan, Runtime } from './runtime.js';
 
 const YAML_TYPES = ['application/yaml', 'application/x-yaml', 'text/yaml', 'text/x-yaml'];
 const JSON_TYPES = ['application/json'];
@@ -24,7 +25,8 @@ export interface StateRoutesOptions {
 
 export async function stateRoutes(app: FastifyInstance, { runtime, guard }: StateRoutesOptions): Promise<void> {
   // Our own parser sees the raw text, so YAML and JSON get the same limits and messages.
-  app.removeContentTypeParser('application/json');
+  // Only JSON and YAML: fastify's default text/plain parser would take a JSON body too.
+  app.removeContentTypeParser(['application/json', 'text/plain']);
   app.addContentTypeParser([...JSON_TYPES, ...YAML_TYPES], { parseAs: 'string', bodyLimit: MAX_DOCUMENT_BYTES }, (_req, body, done) =>
     done(null, body),
   );
@@ -41,11 +43,13 @@ export async function stateRoutes(app: FastifyInstance, { runtime, guard }: Stat
         generation: current.generation,
       });
     }
+    // An identical document is a no-op: no plan to compute (rendering 10,000 sites for
+    // nothing), no write, no trigger. The loops' own resync still repairs drift.
+    // A dry run still plans it: its actions then show drift the next resync will repair.
+    const same = hashSpec(next) === current.hash;
+    if (same && !dryRun) return { generation: current.generation, hash: current.hash, changed: false, plan: emptyPlan() };
     const plan = await runtime.plan(next, current.state);
-    if (dryRun) {
-      const changed = plan.document.changes.length > 0;
-      return { generation: current.generation, hash: current.hash, changed, dryRun: true, plan };
-    }
+    if (dryRun) return { generation: current.generation, hash: current.hash, changed: !same, dryRun: true, plan };
     const result = await runtime.store.write(next, ifMatch === undefined ? {} : { ifMatch });
     if (result.changed) {
       request.log.info({ generation: result.generation, hash: result.hash, changes: plan.document.changes.length }, 'new generation stored');
@@ -95,4 +99,8 @@ export function parseIfMatch(header: string | string[] | undefined): number | un
     throw new ProxyError('DP_ERR_BAD_IF_MATCH', `If-Match must be a generation number; got ${JSON.stringify(header)}`);
   }
   return Number(value);
+}
+
+function emptyPlan(): Plan {
+  return { document: { changes: [], added: 0, removed: 0, changed: 0 }, loops: {} };
 }

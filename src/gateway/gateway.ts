@@ -80,20 +80,24 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   }
 
   // 3. Loops and the controller.
+  const apiTarget = (port: number): string =>
+    `http://${urlHost(options.apiHost === '0.0.0.0' || options.apiHost === '::' ? '127.0.0.1' : options.apiHost)}:${port}`;
+  // Read at every pass; with --api-port 0 the real port is filled in once the API listens.
+  const view: NginxLoopOptions['view'] = {
+    httpPort: options.httpPort,
+    httpsPort: options.httpsPort,
+    listenHost: options.listenHost,
+    apiUrl: apiTarget(options.apiPort),
+    proxyReadTimeoutSec: Math.round(options.proxyReadTimeout),
+    acmeWebroot,
+    accessLogPath: accessLog,
+  };
   const nginxLoop = createNginxLoop({
     confDir,
     mainConfPath,
     test,
     reload,
-    view: {
-      httpPort: options.httpPort,
-      httpsPort: options.httpsPort,
-      listenHost: options.listenHost,
-      apiUrl: `http://${urlHost(options.apiHost === '0.0.0.0' || options.apiHost === '::' ? '127.0.0.1' : options.apiHost)}:${options.apiPort}`,
-      proxyReadTimeoutSec: Math.round(options.proxyReadTimeout),
-      acmeWebroot,
-      accessLogPath: accessLog,
-    },
+    view,
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
   });
   const loops: AnyLoop[] = [nginxLoop as unknown as AnyLoop];
@@ -115,7 +119,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       for (const [name, list] of Object.entries(actions)) {
         loopsOut[name] = {
           actions: list.map((a) => ({ key: a.key, kind: a.kind, summary: a.summary, ...(a.diff ? { diff: a.diff } : {}) })),
-          ...(name === NGINX_LOOP ? { notes: { reload: list.some((a) => a.kind !== 'conflict') } } : {}),
+          ...(name === NGINX_LOOP ? { notes: { reload: list.some((a) => a.kind !== 'conflict' && a.kind !== 'forget') } } : {}),
         };
       }
       return { document: diffSpecs(base, next), loops: loopsOut };
@@ -142,11 +146,12 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     await nginx?.start();
     const address = await app.listen({ host: options.apiHost, port: options.apiPort });
     logger.info({ address, generation: current.generation, nginx: options.nginx, confDir }, 'gateway listening');
+    const port = (app.server.address() as { port: number }).port;
+    view.apiUrl = apiTarget(port);
     // 5. The first pass: adopts files already correct, writes the rest, reloads at most once.
     await controller.start();
     ready = true;
     logger.info({ generation: current.generation }, 'first reconcile pass finished');
-    const port = (app.server.address() as { port: number }).port;
     return {
       app,
       controller,

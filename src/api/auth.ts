@@ -1,0 +1,185 @@
+// Project-member checks against the control server, and the Nginx `auth_request` target.
+//
+// createControlServerAuth() asks `POST <serverUrl>/api/projects/<project>/get` with the caller's
+// bearer token, exactly as dstack's server answers it: 200 = member, 401/403 = not. Positive
+// answers are cached (keyed by sha256 of project and token, never the token itself); anything
+// else the server says, a network error or a timeout is `unavailable`: denied, not cached.
+// The model API reuses the same provider.
+
+import { createHash } from 'node:crypto';
+import type { FastifyPluginAsync } from 'fastify';
+import type { Logger } from 'pino';
+import { Agent, request, type Dispatcher } from 'undici';
+import { ProxyError } from '../errors.js';
+import { systemClock, type Clock } from '../reconcilers/clock.js';
+
+export type AuthDecision = 'allow' | 'deny' | 'unauthenticated' | 'unavailable';
+
+export interface AuthProvider {
+  /** Is `token` the bearer token of a member of `project`? */
+  check(project: string, token: string): Promise<AuthDecision>;
+  close(): Promise<void>;
+}
+
+export interface ControlServerAuthOptions {
+  /** `http(s)://host[:port][/base]`, or `unix:/path/to.sock` (dstack: an SSH-forwarded socket). */
+  serverUrl: string;
+  /** How long a positive answer is reused. Default 60 s. */
+  ttlMs?: number;
+  /** How long one question to the server may take before the answer is `unavailable`. Default 5 s. */
+  timeoutMs?: number;
+  /** Most cached answers kept; the oldest go first. Default 10,000. */
+  maxEntries?: number;
+  clock?: Clock;
+  logger?: Logger;
+}
+
+export const DEFAULT_AUTH_TTL_MS = 60_000; // 60 s
+export const DEFAULT_AUTH_TIMEOUT_MS = 5_000; // 5 s
+export const DEFAULT_AUTH_CACHE_ENTRIES = 10_000;
+
+/** Project names as dstack allows them (and anything that cannot break out of a URL path). */
+const PROJECT_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$/;
+
+/** Where to send the question: an origin + base path, and the dispatcher that reaches it. */
+function target(serverUrl: string): { origin: string; base: string; dispatcher: Agent } {
+  if (serverUrl.startsWith('unix:')) {
+    const socketPath = serverUrl.slice('unix:'.length);
+    if (!socketPath.startsWith('/')) {
+      throw new ProxyError('DP_ERR_BAD_OPTION', `--server-url unix: needs an absolute socket path, got ${serverUrl}`);
+    }
+    return { origin: 'http://localhost', base: '', dispatcher: new Agent({ connect: { socketPath } }) };
+  }
+  let url: URL;
+  try {
+    url = new URL(serverUrl);
+  } catch {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `--server-url must be an http(s):// URL or unix:/path, got ${serverUrl}`);
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `--server-url must be an http(s):// URL or unix:/path, got ${serverUrl}`);
+  }
+  if (url.username || url.password || url.search || url.hash) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', '--server-url must not carry credentials, a query or a fragment');
+  }
+  return { origin: url.origin, base: url.pathname.replace(/\/+$/, ''), dispatcher: new Agent() };
+}
+
+function positiveInt(name: string, v: number): number {
+  if (!Number.isInteger(v) || v < 0) throw new ProxyError('DP_ERR_BAD_OPTION', `${name} must be a non-negative integer, got ${v}`);
+  return v;
+}
+
+/** The cache key: a hash of project and token, so no token is kept in memory longer than a request. */
+export function cacheKey(project: string, token: string): string {
+  return createHash('sha256').update(project).update('\0').update(token).digest('hex');
+}
+
+export function createControlServerAuth(o: ControlServerAuthOptions): AuthProvider {
+  const ttlMs = positiveInt('auth cache TTL', o.ttlMs ?? DEFAULT_AUTH_TTL_MS);
+  const timeoutMs = positiveInt('auth timeout', o.timeoutMs ?? DEFAULT_AUTH_TIMEOUT_MS);
+  const maxEntries = positiveInt('auth cache size', o.maxEntries ?? DEFAULT_AUTH_CACHE_ENTRIES);
+  const clock = o.clock ?? systemClock;
+  const { origin, base, dispatcher } = target(o.serverUrl);
+  /** key → expiry (ms since epoch). Insertion order = age, for eviction. */
+  const cache = new Map<string, number>();
+  /** One question in flight per key: a burst of requests with a new token asks once. */
+  const inflight = new Map<string, Promise<AuthDecision>>();
+
+  async function ask(project: string, token: string): Promise<AuthDecision> {
+    try {
+      const res = await request(`${origin}${base}/api/projects/${encodeURIComponent(project)}/get`, {
+        method: 'POST',
+        dispatcher: dispatcher as Dispatcher,
+        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+        body: '{}',
+        signal: AbortSignal.timeout(timeoutMs),
+        headersTimeout: timeoutMs,
+        bodyTimeout: timeoutMs,
+      });
+      await res.body.dump();
+      if (res.statusCode === 200) return 'allow';
+      if (res.statusCode === 401 || res.statusCode === 403) return 'deny';
+      // 404 is what dstack answers for a project the caller cannot see.
+      if (res.statusCode === 404) return 'deny';
+      o.logger?.warn({ project, status: res.statusCode }, 'control server answered the auth check with an unexpected status');
+      return 'unavailable';
+    } catch (err) {
+      o.logger?.warn({ project, err: err instanceof Error ? err.message : String(err) }, 'control server unreachable for the auth check');
+      return 'unavailable';
+    }
+  }
+
+  return {
+    async check(project: string, token: string): Promise<AuthDecision> {
+      if (token === '') return 'unauthenticated';
+      if (!PROJECT_RE.test(project)) return 'deny';
+      const key = cacheKey(project, token);
+      const expires = cache.get(key);
+      if (expires !== undefined) {
+        if (clock.now() < expires) return 'allow';
+        cache.delete(key);
+      }
+      let pending = inflight.get(key);
+      if (!pending) {
+        pending = ask(project, token).finally(() => inflight.delete(key));
+        inflight.set(key, pending);
+      }
+      const decision = await pending;
+      if (decision === 'allow' && ttlMs > 0) {
+        cache.delete(key);
+        cache.set(key, clock.now() + ttlMs);
+        while (cache.size > maxEntries) {
+          const oldest = cache.keys().next().value;
+          if (oldest === undefined) break;
+          cache.delete(oldest);
+        }
+      }
+      return decision;
+    },
+    async close(): Promise<void> {
+      cache.clear();
+      await dispatcher.close();
+    },
+  };
+}
+
+/** For a gateway started without --server-url: every protected request is refused. */
+export const noServerAuth: AuthProvider = {
+  check: async (_project, token) => (token === '' ? 'unauthenticated' : 'unavailable'),
+  close: async () => undefined,
+};
+
+/** The token of an `Authorization: Bearer <token>` header, or null when absent or malformed. */
+export function bearerToken(header: string | string[] | undefined): string | null {
+  if (typeof header !== 'string') return null;
+  const m = /^Bearer[ \t]+([\x21-\x7e]+)[ \t]*$/i.exec(header);
+  return m?.[1] ?? null;
+}
+
+export interface AuthRoutesOptions {
+  auth: AuthProvider;
+}
+
+/**
+ * `GET /api/auth/:project`, the Nginx auth_request target: 200 member, 401 no or malformed
+ * token, 403 not a member, 503 when the server could not say (Nginx turns any status but
+ * 2xx/401/403 into a 500 for the client: the request is refused either way).
+ */
+export const authRoutes: FastifyPluginAsync<AuthRoutesOptions> = async (app, { auth }) => {
+  app.get<{ Params: { project: string } }>('/api/auth/:project', async (req, reply) => {
+    void reply.header('cache-control', 'no-store');
+    const token = bearerToken(req.headers.authorization);
+    const decision = token === null ? 'unauthenticated' : await auth.check(req.params.project, token);
+    switch (decision) {
+      case 'allow':
+        return reply.code(200).send();
+      case 'unauthenticated':
+        return reply.code(401).header('www-authenticate', 'Bearer').send({ detail: 'Not authenticated' });
+      case 'deny':
+        return reply.code(403).send({ detail: 'Access denied' });
+      case 'unavailable':
+        return reply.code(503).send({ detail: 'The control server could not verify the token' });
+    }
+  });
+};
