@@ -2,10 +2,13 @@
 
 import type { Command, Io } from './command.js';
 import { EXIT_USAGE, UsageError } from './command.js';
+import { applyCommand } from './apply.js';
 import { gatewayCommand } from './gateway.js';
+import { planCommand } from './plan.js';
+import { statusCommand } from './status.js';
 import { validateCommand } from './validate.js';
 
-const COMMANDS: Command[] = [gatewayCommand, validateCommand];
+const COMMANDS: Command[] = [gatewayCommand, validateCommand, planCommand, applyCommand, statusCommand];
 
 function usage(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));

@@ -276,7 +276,9 @@ export class Controller {
       }
       // 4. Act: every planned key that is not backing off or parked. A key no longer planned
       //    has converged or gone: its failure and backoff no longer apply.
-      for (const key of rt.failures.retain(new Set(actions.map((a) => a.key)))) rt.retryTimers.clear(key);
+      const released = rt.failures.retain(new Set(actions.map((a) => a.key)));
+      for (const key of released) rt.retryTimers.clear(key);
+      if (released.length > 0 && rt.loop.released) await rt.loop.released(released, ctx);
       const now = this.#clock.now();
       const eligible = actions.filter((a) => !rt.failures.blocked(a.key, generation, now));
       if (eligible.length > 0) await this.#applyActions(rt, eligible, ctx, generation);

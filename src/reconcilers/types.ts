@@ -65,6 +65,11 @@ export interface Loop<D, O, A> {
    * outcome per key; a key with no outcome counts as failed. Throwing fails every key.
    */
   applyBatch?(actions: Action<A>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>>;
+  /**
+   * Keys that were failing and are no longer planned (converged, or left the spec): the loop
+   * may clear what it reported about them.
+   */
+  released?(keys: string[], ctx: LoopContext): Promise<void>;
 }
 
 /** A loop of any types, as the controller holds it. */

@@ -75,7 +75,8 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     async observe(ctx: LoopContext): Promise<Observed> {
       const { owned, foreign } = await readOwned(o.confDir);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
-      // Sites held back before they ever reached the disk keep their rejection on record.
+      // Sites held back before they ever reached the disk keep their rejection on record
+      // until the controller releases their key (released() below).
       const keys = [...owned.keys()].map(objectKey);
       const rejected = ctx.status.keys().filter((k) => ctx.status.get(k)?.some((c) => c.type === 'Ready' && c.status === 'False'));
       ctx.status.prune([...keys, ...rejected]);
@@ -112,6 +113,19 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         actions.push({ key: name, kind: 'forget', summary: `forget the rejected ${name}: no longer in the document`, payload: { name, text: null, previous: null } });
       }
       return actions;
+    },
+
+    async released(names: string[], ctx: LoopContext): Promise<void> {
+      // A failing file that is no longer planned: gone from the document, or on disk as desired.
+      const { owned } = await readOwned(o.confDir);
+      for (const name of names) {
+        const key = objectKey(name);
+        if (!owned.has(name)) ctx.status.delete(key);
+        else {
+          ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+          ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
+        }
+      }
     },
 
     async applyBatch(actions: Action<FilePayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
