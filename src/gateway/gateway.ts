@@ -119,7 +119,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       for (const [name, list] of Object.entries(actions)) {
         loopsOut[name] = {
           actions: list.map((a) => ({ key: a.key, kind: a.kind, summary: a.summary, ...(a.diff ? { diff: a.diff } : {}) })),
-          ...(name === NGINX_LOOP ? { notes: { reload: list.some((a) => a.kind !== 'conflict' && a.kind !== 'forget') } } : {}),
+          ...(name === NGINX_LOOP ? { notes: { reload: list.some((a) => a.kind !== 'conflict') } } : {}),
         };
       }
       return { document: diffSpecs(base, next), loops: loopsOut };

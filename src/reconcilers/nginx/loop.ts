@@ -48,8 +48,6 @@ interface Observed {
   owned: Map<string, string>;
   /** *.conf files without our marker: never read further, overwritten or deleted. */
   foreign: Set<string>;
-  /** Files whose site was rejected before it ever reached the disk (status only). */
-  rejected: Set<string>;
 }
 
 export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats } {
@@ -83,10 +81,10 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       for (const key of keys) {
         if (!ctx.status.get(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
       }
-      return { owned, foreign, rejected: new Set(rejected.map(fileNameOf)) };
+      return { owned, foreign };
     },
 
-    plan(desired: Map<string, string>, { owned, foreign, rejected }: Observed): Action<FilePayload>[] {
+    plan(desired: Map<string, string>, { owned, foreign }: Observed): Action<FilePayload>[] {
       const actions: Action<FilePayload>[] = [];
       for (const [name, text] of desired) {
         if (foreign.has(name)) {
@@ -106,11 +104,6 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       for (const [name, previous] of owned) {
         if (desired.has(name)) continue;
         actions.push({ key: name, kind: 'delete', summary: `delete ${name}`, payload: { name, text: null, previous }, diff: unifiedDiff(previous, null, name) });
-      }
-      // A rejected site that left the document: nothing on disk to delete, only its status.
-      for (const name of rejected) {
-        if (desired.has(name) || owned.has(name)) continue;
-        actions.push({ key: name, kind: 'forget', summary: `forget the rejected ${name}: no longer in the document`, payload: { name, text: null, previous: null } });
       }
       return actions;
     },
@@ -132,10 +125,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       const plan: FilePlan = { create: [], update: [], delete: [], unchanged: [], conflicts: [] };
       const outcomes = new Map<string, BatchOutcome>();
       for (const { kind, payload: p } of actions) {
-        if (kind === 'forget') {
-          ctx.status.delete(objectKey(p.name));
-          outcomes.set(p.name, 'done');
-        } else if (kind === 'conflict') {
+        if (kind === 'conflict') {
           const message = `${o.confDir}/${p.name} exists and was not written by dstack-proxy; move it away to let this site be served`;
           outcomes.set(p.name, { error: new TerminalError(message) });
           ctx.status.set(objectKey(p.name), { type: 'Ready', status: 'False', reason: 'FileConflict', message });
@@ -185,11 +175,6 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       return outcomes;
     },
   };
-}
-
-/** The file of a status object key (the inverse of objectKey). */
-function fileNameOf(key: string): string {
-  return key === 'global' ? GLOBAL_FILE : `${SITES_SUBDIR}/${key}.conf`;
 }
 
 /** Status object key of a file: the site's domain, or `global`. */
