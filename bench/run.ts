@@ -4,12 +4,20 @@
 import { writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { gatewayRows } from './gateway.js';
+import { modelRows } from './models.js';
 import { specRows } from './spec.js';
+import { sshRows } from './ssh.js';
+import { statsRows } from './stats.js';
+import { storeRows } from './stores.js';
 import { renderTable, type Row } from './table.js';
 
 const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'spec', run: specRows },
   { name: 'gateway', run: gatewayRows },
+  { name: 'ssh', run: sshRows },
+  { name: 'stats', run: () => statsRows() },
+  { name: 'stores', run: storeRows },
+  { name: 'models', run: modelRows },
 ];
 
 async function main(): Promise<void> {

@@ -19,6 +19,7 @@ const PACKAGES = [
   ['pebble', 'pebble'],
   ['wrk', 'wrk'],
   ['openssl', 'openssl'],
+  ['postgresql', 'pg_ctlcluster'], // the tests start the cluster themselves (test/helpers/postgres.ts)
 ];
 
 function have(program) {

@@ -1,6 +1,6 @@
 // The gateway's HTTP API, built apart from listening: tests call app.inject().
 
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { MAX_DOCUMENT_BYTES } from '../spec/index.js';
 import { tokenGuard } from './api-token.js';
@@ -13,6 +13,8 @@ export interface AppOptions {
   /** Protects the management routes (/api/v1/*) when set. */
   apiToken?: string;
   logger?: Logger | false;
+  /** More routes (auth, stats, metrics, models): each registers itself on the app. */
+  routes?: ((app: FastifyInstance, guard: (request: FastifyRequest) => Promise<void>) => Promise<void>)[];
 }
 
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
@@ -26,6 +28,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const guard = tokenGuard(options.apiToken);
 
   await app.register(stateRoutes, { runtime, guard });
+  for (const register of options.routes ?? []) await register(app, guard);
 
   app.get('/api/v1/status', { onRequest: guard }, async () => {
     const current = await runtime.store.read();

@@ -12,8 +12,15 @@ import { Controller } from '../reconcilers/controller.js';
 import type { Clock } from '../reconcilers/clock.js';
 import { createNginxLoop, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
-import type { AnyLoop } from '../reconcilers/types.js';
-import { diffSpecs, type ProxyState } from '../spec/index.js';
+import { certForFromStatus, createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
+import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
+import type { AnyLoop, StatusSnapshot } from '../reconcilers/types.js';
+import { createStatsCollector } from '../reconcilers/stats/index.js';
+import { authRoutes, createControlServerAuth, noServerAuth } from '../api/auth.js';
+import { createMetrics, metricsRoutes, type CertificateMetric, type TunnelMetric } from '../api/metrics.js';
+import { statsRoutes } from '../api/stats-routes.js';
+import { fileFirstSeenStore, nginxForwarder, observeModels, registerModelApi } from '../models/index.js';
+import { diffSpecs, serviceKey, type ProxyState } from '../spec/index.js';
 import { openFileStore } from '../state/file-store.js';
 import type { StateStore, StoredState } from '../state/store.js';
 import type { GatewayOptions } from './options.js';
@@ -25,6 +32,8 @@ export interface Gateway {
   /** http://host:port of the API. */
   apiUrl: string;
   nginxStats: NginxLoopStats;
+  /** Tunnels and the per-service balancer (connect(serviceKey) for in-process proxies). */
+  ssh: SshLoop;
   /** The private Nginx, when it runs one. */
   nginx: NginxProcess | undefined;
   paths: { stateDir: string; confDir: string; accessLog: string; acmeWebroot: string };
@@ -36,6 +45,10 @@ export interface GatewayDeps {
   clock?: Clock;
   /** Test hook passed to the Nginx loop. */
   renderHook?: NginxLoopOptions['renderHook'];
+  /** SSH loop overrides (tests: short keepalive, reconnect). */
+  ssh?: Partial<SshLoopOptions>;
+  /** DNS pre-flight resolver of the TLS loop (tests resolve everything to 127.0.0.1). */
+  resolve?: (domain: string) => Promise<unknown>;
 }
 
 export async function startGateway(options: GatewayOptions, deps: GatewayDeps = {}): Promise<Gateway> {
@@ -92,15 +105,36 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     acmeWebroot,
     accessLogPath: accessLog,
   };
+  const sshLoop = createSshLoop({
+    stateDir,
+    keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
+    keepaliveCountMax: options.sshKeepaliveCountMax,
+    drainMs: options.drainPeriod * 1000,
+    ...(deps.ssh ?? {}),
+  });
+  const tlsLoop = createTlsLoop({
+    stateDir,
+    acmeWebroot,
+    certbotBin: options.certbotBin,
+    timeoutMs: options.certbotTimeout * 1000,
+    dnsPreflight: options.dnsPreflight === 'true',
+    ...(options.certbotDir ? { certbotDirs: certbotDirsUnder(resolve(options.certbotDir)) } : {}),
+    ...(options.acmeCaBundle ? { env: { REQUESTS_CA_BUNDLE: resolve(options.acmeCaBundle) } } : {}),
+    ...(deps.resolve ? { resolve: deps.resolve } : {}),
+  });
   const nginxLoop = createNginxLoop({
     confDir,
     mainConfPath,
     test,
     reload,
     view,
+    certFor: certForFromStatus(tlsLoop.certsDir),
+    // Every service's upstream is its balancer socket: replica changes need no reload.
+    upstreamFor: (service) => ({ kind: 'socket', path: sshLoop.balancer.socketPathFor(serviceKey(service)) }),
+    dependsOn: [TLS_LOOP, SSH_LOOP],
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
   });
-  const loops: AnyLoop[] = [nginxLoop as unknown as AnyLoop];
+  const loops = [sshLoop, tlsLoop, nginxLoop] as unknown as AnyLoop[];
   const controller = new Controller({
     loops,
     getSpec: () => ({ state: current.state, generation: current.generation }),
@@ -125,25 +159,76 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       return { document: diffSpecs(base, next), loops: loopsOut };
     },
     notify() {
-      void store.read().then((s) => {
+      void store.read().then(async (s) => {
         current = s;
         controller.notify();
+        await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000));
       });
     },
     status: () => controller.statuses(),
     isReady: () => ready,
   };
-  const app = await buildApp({ runtime, logger: logger.child({ component: 'api' }), ...(apiToken ? { apiToken } : {}) });
+  // Request-path services: auth_request target, stats for the autoscaler, metrics.
+  const auth = options.serverUrl
+    ? createControlServerAuth({
+        serverUrl: options.serverUrl,
+        ttlMs: options.authCacheTtl * 1000,
+        timeoutMs: options.authTimeout * 1000,
+        logger: logger.child({ component: 'auth' }),
+        ...(deps.clock ? { clock: deps.clock } : {}),
+      })
+    : noServerAuth;
+  // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
+  // and counted like any other request (Nginx lets 127.0.0.1 past auth_request).
+  const modelForwarder = nginxForwarder({ httpPort: options.httpPort, host: options.listenHost || '127.0.0.1' });
+  const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
+  await observeModels(firstSeen, current.state, Math.floor(Date.now() / 1000));
+  const stats = createStatsCollector({ accessLogPath: accessLog, logger: logger.child({ component: 'stats' }) });
+  const metrics = createMetrics({
+    loops: () => controller.counters(),
+    nginx: () => nginxLoop.stats,
+    generation: () => current.generation,
+    services: () => stats.totals(current.state),
+    accessLog: () => stats.counters(),
+    tunnels: () => tunnelMetrics(controller.statuses(), sshLoop),
+    certificates: () => certificateMetrics(current.state, tlsLoop),
+  });
+  const app = await buildApp({
+    runtime,
+    logger: logger.child({ component: 'api' }),
+    ...(apiToken ? { apiToken } : {}),
+    routes: [
+      // Nginx calls the auth target for every request: never behind the API token.
+      async (a) => a.register(authRoutes, { auth }),
+      async (a) => a.register(statsRoutes, { collector: stats, getState: async () => current.state }),
+      async (a) => a.register(metricsRoutes, { metrics }),
+      // The OpenAI-compatible API; entrypoint sites proxy here. Always token-checked.
+      async (a) =>
+        registerModelApi(a, {
+          prefix: '/api/models/:project',
+          getState: () => current.state,
+          authorize: (project, token) => auth.check(project, token),
+          forward: (service, request) => modelForwarder.forward(service, request),
+          firstSeen,
+          ...(deps.clock ? { clock: deps.clock } : {}),
+        }),
+    ],
+  });
 
   const close = async (): Promise<void> => {
     await app.close();
+    await stats.stop();
+    await auth.close();
+    await modelForwarder.close();
     await controller.stop();
+    await sshLoop.close();
     await nginx?.stop();
     await store.close();
   };
 
   try {
     await nginx?.start();
+    stats.start();
     const address = await app.listen({ host: options.apiHost, port: options.apiPort });
     logger.info({ address, generation: current.generation, nginx: options.nginx, confDir }, 'gateway listening');
     const port = (app.server.address() as { port: number }).port;
@@ -158,6 +243,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       store,
       apiUrl: `http://${urlHost(options.apiHost)}:${port}`,
       nginxStats: nginxLoop.stats,
+      ssh: sshLoop,
       nginx,
       paths: { stateDir, confDir, accessLog, acmeWebroot },
       close,
@@ -180,6 +266,34 @@ async function readApiToken(file: string, logger: Logger): Promise<string> {
   const mode = (await stat(file)).mode & 0o077;
   if (mode !== 0) logger.warn({ file }, 'the API token file is readable by group or others; chmod 600 it');
   return token;
+}
+
+function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
+  const out: TunnelMetric[] = [];
+  for (const [key, conditions] of Object.entries(statuses.loops[SSH_LOOP]?.objects ?? {})) {
+    const ready = conditions.find((c) => c.type === 'Ready');
+    const slash = key.lastIndexOf('/');
+    const replica = key.slice(slash + 1);
+    out.push({
+      service: key.slice(0, slash),
+      replica,
+      state: ready?.status === 'True' ? 'Ready' : (ready?.reason ?? 'Unknown'),
+      reconnects: Math.max(0, ssh.connects(replica) - 1),
+    });
+  }
+  return out;
+}
+
+function certificateMetrics(state: ProxyState, tls: TlsLoop): CertificateMetric[] {
+  const domains = [...state.spec.services, ...state.spec.entrypoints].filter((o) => o.https && o.domain).map((o) => o.domain!);
+  return domains.map((domain) => {
+    const info = tls.domainInfo(domain);
+    return { domain, notAfter: info?.cert ? info.cert.notAfter : null, failedAttempts: info?.failedAttempts ?? 0 };
+  });
+}
+
+function certbotDirsUnder(dir: string): { configDir: string; workDir: string; logsDir: string } {
+  return { configDir: join(dir, 'config'), workDir: join(dir, 'work'), logsDir: join(dir, 'logs') };
 }
 
 function urlHost(host: string): string {

@@ -22,10 +22,21 @@ export interface GatewayOptions {
   resyncInterval: number;
   proxyReadTimeout: number;
   apiTokenFile: string | undefined;
+  sshKeepaliveInterval: number;
+  sshKeepaliveCountMax: number;
+  drainPeriod: number;
+  serverUrl: string | undefined;
+  authCacheTtl: number;
+  authTimeout: number;
+  certbotBin: string;
+  certbotTimeout: number;
+  certbotDir: string | undefined;
+  acmeCaBundle: string | undefined;
+  dnsPreflight: 'true' | 'false';
   logLevel: 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 }
 
-type Kind = 'string' | 'port' | 'seconds' | 'enum';
+type Kind = 'string' | 'port' | 'seconds' | 'count' | 'enum';
 interface Spec {
   kind: Kind;
   default: string | number | undefined;
@@ -49,6 +60,17 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, Spec> = {
   resyncInterval: { kind: 'seconds', default: 60, help: 'seconds between periodic passes that repair drift' },
   proxyReadTimeout: { kind: 'seconds', default: 300, help: 'seconds Nginx waits between two reads from a replica' },
   apiTokenFile: { kind: 'string', default: undefined, help: 'file holding a token the management routes (/api/v1/*) require as `Authorization: Bearer`' },
+  serverUrl: { kind: 'string', default: undefined, help: 'the control server that answers token checks (`http://host:port` or `unix:/path.sock`); without it every auth: true request is refused' },
+  authCacheTtl: { kind: 'seconds', default: 60, help: 'seconds a positive token check is cached (keyed by a hash of the token); refusals are never cached' },
+  authTimeout: { kind: 'seconds', default: 5, help: 'seconds to wait for the control server before refusing the request' },
+  sshKeepaliveInterval: { kind: 'seconds', default: 15, help: 'seconds between SSH keepalives to each replica' },
+  sshKeepaliveCountMax: { kind: 'count', default: 3, help: 'unanswered keepalives after which a replica connection counts as dead and leaves rotation' },
+  drainPeriod: { kind: 'seconds', default: 30, help: "seconds a removed replica's open connections may finish before they are closed" },
+  certbotBin: { kind: 'string', default: 'certbot', help: 'the certbot program' },
+  certbotTimeout: { kind: 'seconds', default: 40, help: 'seconds after which a certbot run is killed with its whole process group' },
+  certbotDir: { kind: 'string', default: undefined, help: "certbot's config/work/logs dirs go under this dir; default <state-dir>/certbot (use /etc/letsencrypt-style dirs in system mode)" },
+  acmeCaBundle: { kind: 'string', default: undefined, help: 'CA bundle certbot trusts for the ACME server (a private ACME CA, or Pebble in tests); default: the system trust store' },
+  dnsPreflight: { kind: 'enum', values: ['true', 'false'], default: 'true', help: 'check that a domain resolves before spending an ACME attempt on it' },
   logLevel: { kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], default: 'info', help: 'JSON log level' },
 };
 
@@ -115,6 +137,11 @@ function coerce(raw: unknown, spec: Spec, where: string): string | number {
     case 'port': {
       const n = Number(raw);
       if (!Number.isInteger(n) || n < 0 || n > 65535) bad('must be a port number 0-65535 (0 = pick a free one)');
+      return n;
+    }
+    case 'count': {
+      const n = Number(raw);
+      if (!Number.isInteger(n) || n < 1 || n > 1000) bad('must be a whole number from 1 to 1000');
       return n;
     }
     case 'seconds': {

@@ -16,6 +16,7 @@ export interface ModelInput {
   prefix?: string;
   chatTemplate?: string;
   eosToken?: string;
+  bosToken?: string;
 }
 
 export interface ReplicaInput {

@@ -88,6 +88,7 @@ function normaliseModel(m: NonNullable<ServiceInput['model']>): Model {
   const out: Model = { name: m.name, format: 'tgi' };
   if (m.chatTemplate !== undefined) out.chatTemplate = m.chatTemplate;
   if (m.eosToken !== undefined) out.eosToken = m.eosToken;
+  if (m.bosToken !== undefined) out.bosToken = m.bosToken;
   return out;
 }
 

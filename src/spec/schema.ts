@@ -128,6 +128,7 @@ export const proxyStateSchema = {
                   prefix: { type: 'string', maxLength: 1024 },
                   chatTemplate: { type: 'string', maxLength: 1048576 },
                   eosToken: { type: 'string', maxLength: 256 },
+                  bosToken: { type: 'string', maxLength: 256 },
                 },
               },
               replicas: {

@@ -125,6 +125,7 @@ export function semanticIssues(doc: ProxyStateInput): SpecIssue[] {
         }
         if (m.chatTemplate !== undefined) add(`${at}/model/chatTemplate`, "is only allowed with format 'tgi'.");
         if (m.eosToken !== undefined) add(`${at}/model/eosToken`, "is only allowed with format 'tgi'.");
+        if (m.bosToken !== undefined) add(`${at}/model/bosToken`, "is only allowed with format 'tgi'.");
       } else if (m.prefix !== undefined) {
         add(`${at}/model/prefix`, "is only allowed with format 'openai'.");
       }

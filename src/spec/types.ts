@@ -74,6 +74,7 @@ export interface TGIModel {
   format: 'tgi';
   chatTemplate?: string;
   eosToken?: string;
+  bosToken?: string;
 }
 
 export type Model = OpenAIModel | TGIModel;

@@ -43,6 +43,7 @@ function doc(domains: string[], clientMaxBodySize?: number): string {
         project: 'demo',
         run: `svc${i}`,
         domain,
+        https: false, // no ACME server here: an https service would wait for a certificate
         ...(clientMaxBodySize ? { clientMaxBodySize } : {}),
         replicas: [{ id: `r${i}`, appPort: 18001, direct: { host: '127.0.0.1', port: 18001 } }],
       })),
@@ -70,10 +71,11 @@ describe('dstack-proxy apply', () => {
     expect(r.stdout).not.toMatch(ANSI);
   });
 
-  it('leaves nginx routing the site (the replicas are down: 502, not the default 404)', async () => {
+  it("leaves nginx routing the site (the replicas are down: the balancer's 503, not the default 404)", async () => {
     const httpPort = Number(/listen 127\.0\.0\.1:(\d+)/.exec(await readSite('hello.localhost'))?.[1]);
     const reply = await request({ port: httpPort, host: 'hello.localhost' });
-    expect(reply.status).toBe(502);
+    expect(reply.status).toBe(503);
+    expect(JSON.parse(reply.body)).toEqual({ detail: 'Service demo/hello has no ready replica' });
   });
 
   it('says "no changes" for the same document and exits 0', async () => {

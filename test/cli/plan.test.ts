@@ -36,6 +36,7 @@ function withKey(key: string): string {
           project: 'demo',
           run: 'hello',
           domain: 'hello.localhost',
+          https: false,
           replicas: [{ id: 'hello-0', appPort: 18001, direct: { host: '127.0.0.1', port: 18001 } }],
         },
       ],

@@ -2,7 +2,8 @@
 // through the API, requests through Nginx to small HTTP replicas on 127.0.0.1.
 
 import { readFile, rm, stat, unlink, writeFile } from 'node:fs/promises';
-import type { Server } from 'node:http';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startGateway } from '../../src/gateway/gateway.js';
@@ -50,6 +51,44 @@ async function whoAnswered(t: TestGateway, host: string): Promise<string> {
   return (JSON.parse(r.body) as Echo).name;
 }
 
+interface Gate {
+  arrived: Set<string>;
+  waiters: (() => void)[];
+  timedOut: boolean;
+  need: number;
+}
+
+function createGate(need: number): Gate {
+  return { arrived: new Set(), waiters: [], timedOut: false, need };
+}
+
+/** An HTTP replica that answers only once `gate.need` distinct replicas hold a request. */
+async function gatedEcho(name: string, gate: Gate): Promise<Server> {
+  const srv = createServer((req, res) => {
+    req.resume();
+    const answer = (): void => {
+      res.setHeader('content-type', 'application/json');
+      res.end(JSON.stringify({ name, url: req.url }));
+    };
+    gate.arrived.add(name);
+    if (gate.arrived.size >= gate.need) {
+      for (const w of gate.waiters.splice(0)) w();
+      answer();
+      return;
+    }
+    const timer = setTimeout(() => {
+      gate.timedOut = true;
+      answer();
+    }, 10_000);
+    gate.waiters.push(() => {
+      clearTimeout(timer);
+      answer();
+    });
+  });
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  return srv;
+}
+
 describe('data path, idempotency and removal', () => {
   let t: TestGateway;
   const base = (): SvcInput[] => [
@@ -88,10 +127,25 @@ describe('data path, idempotency and removal', () => {
     }
   });
 
-  it('routes by Host, round-robin over both replicas', async () => {
+  it('routes by Host and spreads concurrent connections over both replicas', async () => {
+    // The balancer picks a replica per connection, least active first. Two requests held open
+    // at once (the gate answers only when both replicas have one, or after 10 s) must land on
+    // different replicas; with both on one, the gate times out and the names repeat.
+    const gate = createGate(2);
+    const servers = [await gatedEcho('g0', gate), await gatedEcho('g1', gate)];
+    try {
+      const gated = [...base(), { run: 'gated', ports: servers.map((s) => (s.address() as AddressInfo).port) }];
+      expect((await putState(t, gatewayDoc(gated))).status).toBe(200);
+      const answers = await Promise.all([whoAnswered(t, 'gated.gw.test'), whoAnswered(t, 'gated.gw.test')]);
+      expect(answers.sort()).toEqual(['g0', 'g1']);
+      expect(gate.timedOut).toBe(false);
+    } finally {
+      expect((await putState(t, gatewayDoc(base()))).status).toBe(200);
+      for (const srv of servers) await close(srv);
+    }
     const seen = new Set<string>();
-    for (let i = 0; i < 10; i++) seen.add(await whoAnswered(t, 'alpha.gw.test'));
-    expect([...seen].sort()).toEqual(['a0', 'a1']);
+    for (let i = 0; i < 4; i++) seen.add(await whoAnswered(t, 'alpha.gw.test'));
+    expect([...seen].every((n) => n === 'a0' || n === 'a1')).toBe(true);
     expect(await whoAnswered(t, 'beta.gw.test')).toBe('b0');
     const unknown = await viaNginx(t, 'nobody.gw.test');
     expect(unknown.status).toBe(404);
@@ -101,7 +155,7 @@ describe('data path, idempotency and removal', () => {
     const r = await viaNginx(t, 'empty.gw.test', '/v1/anything');
     expect(r.status).toBe(503);
     expect(r.headers['content-type']).toMatch(/application\/json/);
-    expect(JSON.parse(r.body)).toEqual({ detail: 'Service main/empty has no running replicas' });
+    expect(JSON.parse(r.body)).toEqual({ detail: 'Service main/empty has no ready replica' });
   });
 
   it('answers 429 past a rate limit, also to 127.0.0.1 and also on a service with auth', async () => {
@@ -124,10 +178,11 @@ describe('data path, idempotency and removal', () => {
   it('a PUT of the same document changes nothing: no file written, no reload', async () => {
     const before = await stampTree(t.gw.paths.confDir);
     const reloads = t.gw.nginxStats.reloads;
+    const generation = (await t.gw.store.read()).generation;
     const r = await putState(t, gatewayDoc(base()));
     expect(r.status).toBe(200);
     expect(r.json.changed).toBe(false);
-    expect(r.json.generation).toBe(1);
+    expect(r.json.generation).toBe(generation);
     await t.gw.controller.reconcileAll(); // even a full pass finds nothing to do
     expect(changedFiles(before, await stampTree(t.gw.paths.confDir))).toEqual([]);
     expect(t.gw.nginxStats.reloads).toBe(reloads);
@@ -138,9 +193,10 @@ describe('data path, idempotency and removal', () => {
     const reloads = t.gw.nginxStats.reloads;
     const doc = base();
     doc[1] = { ...doc[1]!, clientMaxBodySize: 8192 };
+    const generation = (await t.gw.store.read()).generation;
     const r = await putState(t, gatewayDoc(doc));
     expect(r.json.changed).toBe(true);
-    expect(r.json.generation).toBe(2);
+    expect(r.json.generation).toBe(generation + 1);
     expect(changedFiles(before, await stampTree(t.gw.paths.confDir))).toEqual(['sites/beta.gw.test.conf']);
     expect(t.gw.nginxStats.reloads).toBe(reloads + 1);
     const big = await viaNginx(t, 'beta.gw.test', '/upload', { method: 'POST', body: 'x'.repeat(4096) });
@@ -175,7 +231,9 @@ describe('drift repair by the periodic resync', () => {
     const file = siteFile(t, 'alpha.gw.test');
     const original = await readFile(file, 'utf8');
     const reloads = t.gw.nginxStats.reloads;
-    await writeFile(file, original.replace(/server 127\.0\.0\.1:\d+;/, `server 127.0.0.1:${ports[2]};`));
+    const edited = original.replace(/client_max_body_size \d+;/, 'client_max_body_size 1;');
+    expect(edited).not.toBe(original);
+    await writeFile(file, edited);
     await eventually(async () => ((await readFile(file, 'utf8')) === original ? true : undefined));
     await eventually(() => (t.gw.nginxStats.reloads > reloads ? true : undefined));
     expect(await whoAnswered(t, 'alpha.gw.test')).toBe('a0');

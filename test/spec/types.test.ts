@@ -32,7 +32,7 @@ const directReplica: Required<Pick<Replica, 'id' | 'appPort' | 'direct'>> = { id
 const ipLimit: Required<RateLimit> = { prefix: '/', key: { type: 'ipAddress' }, rps: 10, burst: 20 };
 const headerLimit: Required<RateLimit> = { prefix: '/v1', key: { type: 'header', header: 'x-api-key' }, rps: 2.5, burst: 0 };
 const openai: Required<OpenAIModel> = { name: 'meta-llama/Llama-3.1-8B-Instruct', format: 'openai', prefix: '/v1' };
-const tgi: Required<TGIModel> = { name: 'mistralai/Mistral-7B', format: 'tgi', chatTemplate: '{{ messages }}', eosToken: '</s>' };
+const tgi: Required<TGIModel> = { name: 'mistralai/Mistral-7B', format: 'tgi', chatTemplate: '{{ messages }}', eosToken: '</s>', bosToken: '<s>' };
 const service = (run: string, model: NonNullable<Service['model']>, replicas: Replica[]): Required<Service> => ({
   project: 'main',
   run,

@@ -17,6 +17,7 @@ import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteV
 export { MARKER, fileNameFor, limitKeyVariable, quote, rateFor, upstreamName, zoneName } from './names.js';
 
 export const UPSTREAM_KEEPALIVE = 64;
+export const UPSTREAM_KEEPALIVE_TIME = '10s';
 export const LIMIT_REQ_ZONE_SIZE = '10m';
 export const REPLICA_LOCATION = '@dstack_replica';
 export const AUTH_LOCATION = '/_dstack_auth';
@@ -150,6 +151,9 @@ function renderServiceSite(v: ServiceSiteView): string {
       ...block(`upstream ${v.upstream.name}`, [
         ...v.upstream.servers.map((s) => `server ${quote(s)};`),
         `keepalive ${UPSTREAM_KEEPALIVE};`,
+        // The balancer picks a replica per connection: retire pooled connections so replica
+        // changes (added, drained) reach traffic within seconds, without a reload.
+        `keepalive_time ${UPSTREAM_KEEPALIVE_TIME};`,
       ]),
       '',
     );
@@ -203,7 +207,7 @@ function renderServiceSite(v: ServiceSiteView): string {
       ...hideUpstreamCors(v),
     );
   } else {
-    const body503 = JSON.stringify({ detail: `Service ${v.serviceKey} has no running replicas` });
+    const body503 = JSON.stringify({ detail: `Service ${v.serviceKey} has no ready replica` });
     rb.push('default_type application/json;', `return 503 ${quote(body503)};`);
   }
   body.push('', ...block(`location ${REPLICA_LOCATION}`, rb));

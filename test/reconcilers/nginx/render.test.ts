@@ -141,7 +141,7 @@ describe('service site', () => {
   });
   it('answers 503 with JSON when there is no upstream', () => {
     const t = renderSite(site('empty.gw.test'));
-    expectLines(t, ['default_type application/json;', `return 503 '{"detail":"Service main/empty has no running replicas"}';`]);
+    expectLines(t, ['default_type application/json;', `return 503 '{"detail":"Service main/empty has no ready replica"}';`]);
     expect(t).not.toContain('upstream');
   });
   it('renders a Unix-socket upstream', () => {

@@ -98,7 +98,7 @@ describe('routing', () => {
     const r = await request({ port: ng.httpPort, host: 'empty.gw.test' });
     expect(r.status).toBe(503);
     expect(r.headers['content-type']).toBe('application/json');
-    expect(JSON.parse(r.body)).toEqual({ detail: 'Service main/empty has no running replicas' });
+    expect(JSON.parse(r.body)).toEqual({ detail: 'Service main/empty has no ready replica' });
   });
 
   it('passes WebSocket upgrades', async () => {

@@ -1,0 +1,276 @@
+// The OpenAI-compatible model API as a fastify plugin, mounted by both deployments:
+//   gateway API   prefix '/api/models/:project' (entrypoint sites proxy `/` to it)
+//   in-server     prefix '/proxy/models/:project'
+//   fixed project prefix '' with `project`
+// Routes: GET <base>/models, GET <base>/models/<id…>, POST <base>/chat/completions.
+// Every request is authorised before anything is looked up (unknown project → 403, as dstack).
+
+import { randomUUID } from 'node:crypto';
+import { Readable } from 'node:stream';
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { bearerToken, type AuthDecision } from '../api/auth.js';
+import type { ProxyState, Service } from '../spec/types.js';
+import { serviceKey } from '../spec/types.js';
+import { catalogOf, observeModels, type ModelEntry } from './catalog.js';
+import { ModelApiError, toModelError, typeForStatus, unauthorized, upstreamMessage } from './errors.js';
+import { memoryFirstSeenStore, modelKey, type FirstSeenStore } from './first-seen.js';
+import type { UpstreamRequest, UpstreamResponse } from './forwarders.js';
+import { chatRequest, parseJsonBody, tgiParams, type ChatRequest } from './request.js';
+import { dataLines, DONE_FRAME, errorFrame } from './sse.js';
+import { renderPrompt } from './template.js';
+import { stopList, tgiCompletion, tgiPayload, tgiStreamConverter } from './tgi.js';
+
+export interface ModelApiOptions {
+  /** '/api/models/:project', '/proxy/models/:project', or '' with `project` set. */
+  prefix: string;
+  /** The project when the prefix has no `:project` (an entrypoint of one project). */
+  project?: string;
+  getState: () => ProxyState;
+  authorize: (project: string, token: string) => Promise<AuthDecision>;
+  forward: (service: Service, request: UpstreamRequest) => Promise<UpstreamResponse>;
+  /** For `created` and completion timestamps. Default the system clock. */
+  clock?: { now(): number };
+  /** Where first-seen times live. Default in memory (lost on restart). */
+  firstSeen?: FirstSeenStore;
+  /** Largest request body. Default 64 MiB (DEFAULT_CLIENT_MAX_BODY_SIZE). */
+  bodyLimit?: number;
+  /** Completion ids. Default `chatcmpl-<32 hex>`. */
+  newId?: () => string;
+}
+
+/** A replica error body is read up to this size; the rest is dropped. */
+const MAX_ERROR_BODY = 64 * 1024; // 64 KiB
+
+export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions): Promise<void> {
+  if (!o.prefix.includes(':project') && !o.project) throw new TypeError('registerModelApi: a prefix without :project needs `project`');
+  const clock = o.clock ?? { now: () => Date.now() };
+  const firstSeen = o.firstSeen ?? memoryFirstSeenStore();
+  const newId = o.newId ?? (() => `chatcmpl-${randomUUID().replace(/-/g, '')}`);
+  const bodyLimit = o.bodyLimit ?? 64 * 1024 * 1024;
+  const projectOf = (req: FastifyRequest): string => ((req.params as { project?: string }).project ?? o.project ?? '').toLowerCase();
+  const nowSec = (): number => Math.floor(clock.now() / 1000);
+
+  await app.register(
+    async (scope) => {
+      scope.removeAllContentTypeParsers();
+      scope.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit }, (_req, body, done) => done(null, body));
+
+      scope.setErrorHandler((err: FastifyError | ModelApiError, req, reply) => {
+        const e = err instanceof ModelApiError ? err : fastifyError(err);
+        if (e.status >= 500) req.log.error({ err }, e.message);
+        return reply.code(e.status).send(e.body());
+      });
+      // Under a prefix, unknown paths answer in this API's error shape; at the root, the app's own
+      // 404 handler stays in charge.
+      if (o.prefix !== '') {
+        scope.setNotFoundHandler((req, reply) => {
+          const e = new ModelApiError(404, `Not Found: ${req.method} ${req.url.split('?')[0]}`, { detail: 'Not Found' });
+          return reply.code(404).send(e.body());
+        });
+      }
+
+      scope.addHook('onRequest', async (req, reply) => {
+        void reply.header('access-control-allow-origin', '*');
+        if (req.method === 'OPTIONS') {
+          const asked = req.headers['access-control-request-headers'];
+          return reply
+            .code(204)
+            .header('access-control-allow-methods', 'GET, POST, OPTIONS')
+            .header('access-control-allow-headers', typeof asked === 'string' && asked !== '' ? asked : '*')
+            .header('access-control-max-age', '600')
+            .send();
+        }
+        const project = projectOf(req);
+        const token = bearerToken(req.headers.authorization);
+        const decision = token === null ? 'unauthenticated' : await o.authorize(project, token);
+        if (decision !== 'allow') throw unauthorized(project);
+        return undefined;
+      });
+      scope.options('/*', async () => undefined);
+
+      const lookup = (project: string, name: string): ModelEntry => {
+        const entry = catalogOf(o.getState()).get(project)?.get(name);
+        if (!entry) throw new ModelApiError(404, `Model ${name} not found in project ${project}`);
+        return entry;
+      };
+      const describe = (project: string, name: string, created: Map<string, number>) => ({
+        object: 'model' as const,
+        id: name,
+        created: created.get(modelKey(project, name)) ?? nowSec(),
+        owned_by: project,
+      });
+
+      scope.get('/models', async (req) => {
+        const project = projectOf(req);
+        const state = o.getState();
+        const created = await observeModels(firstSeen, state, nowSec());
+        const names = [...(catalogOf(state).get(project)?.keys() ?? [])];
+        return { object: 'list', data: names.map((n) => describe(project, n, created)) };
+      });
+
+      scope.get('/models/*', async (req) => {
+        const project = projectOf(req);
+        const id = (req.params as { '*': string })['*'];
+        const entry = lookup(project, id);
+        const created = await observeModels(firstSeen, o.getState(), nowSec());
+        return describe(project, entry.name, created);
+      });
+
+      scope.post('/chat/completions', async (req, reply) => {
+        const raw = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
+        const chat = chatRequest(parseJsonBody(raw));
+        const { service } = lookup(projectOf(req), chat.model);
+        if (service.replicas.length === 0) throw new ModelApiError(503, `Service ${serviceKey(service)} has no running replicas`);
+        const abort = new AbortController();
+        // The client went away before the answer was complete: the replica stops generating.
+        reply.raw.on('close', () => {
+          if (!reply.raw.writableFinished) abort.abort();
+        });
+        const model = service.model;
+        if (model.format === 'openai') return openaiCompletion(reply, service, model.prefix, raw, abort);
+        return tgiCompletionRoute(reply, service, model, chat, abort);
+      });
+
+      async function call(service: Service, path: string, body: Buffer | string, abort: AbortController): Promise<UpstreamResponse> {
+        let res: UpstreamResponse;
+        try {
+          res = await o.forward(service, { path, body, signal: abort.signal });
+        } catch (err) {
+          throw toModelError(err);
+        }
+        if (res.status < 200 || res.status > 299) {
+          const text = await readCapped(res.body, MAX_ERROR_BODY).catch(() => '');
+          const message = upstreamMessage(text) || `the model answered ${res.status}`;
+          throw new ModelApiError(res.status, message, { detail: text || message, type: typeForStatus(res.status) });
+        }
+        return res;
+      }
+
+      async function openaiCompletion(reply: FastifyReply, service: Service, prefix: string, raw: Buffer, abort: AbortController) {
+        const base = prefix === '' || prefix.startsWith('/') ? prefix : `/${prefix}`;
+        const res = await call(service, `${base.replace(/\/+$/, '')}/chat/completions`, raw, abort);
+        const type = headerValue(res.headers['content-type']) ?? 'application/json';
+        const sse = type.startsWith('text/event-stream');
+        void reply.code(res.status).header('content-type', type);
+        if (sse) void reply.header('x-accel-buffering', 'no').header('cache-control', 'no-cache');
+        // A JSON answer is piped as is (a failure mid-body resets the response); an event stream
+        // goes through relay() so that a failure becomes an SSE error event.
+        return reply.send(sse ? Readable.from(relay(res, abort)) : res.body);
+      }
+
+      async function tgiCompletionRoute(reply: FastifyReply, service: Service, model: Extract<Service['model'], { format: 'tgi' }>, chat: ChatRequest, abort: AbortController) {
+        const params = tgiParams(chat.body);
+        if (!model.chatTemplate) throw new ModelApiError(400, `Model ${model.name} has no chat template`);
+        const bosToken = model.bosToken ?? '';
+        const eosToken = model.eosToken ?? '';
+        const prompt = renderPrompt(model.chatTemplate, { messages: params.messages, bosToken, eosToken });
+        const stop = stopList(params.stop, model.eosToken);
+        const payload = JSON.stringify(tgiPayload(prompt, params, stop, chat.stream));
+        const ctx = { id: newId(), created: nowSec(), model: chat.model, stop };
+        const res = await call(service, chat.stream ? '/generate_stream' : '/generate', payload, abort);
+        if (!chat.stream) {
+          const text = await readCapped(res.body, Number.POSITIVE_INFINITY).catch((err: unknown) => {
+            throw toModelError(err);
+          });
+          let data: unknown;
+          try {
+            data = JSON.parse(text);
+          } catch {
+            throw new ModelApiError(502, 'Invalid response from model: not JSON');
+          }
+          return reply.send(tgiCompletion(data, ctx));
+        }
+        const converter = tgiStreamConverter({ ...ctx, includeUsage: chat.includeUsage });
+        const lines = dataLines(res.body)[Symbol.asyncIterator]();
+        const convert = (payload: string): string[] => {
+          let data: unknown;
+          try {
+            data = JSON.parse(payload);
+          } catch {
+            throw new ModelApiError(502, 'Invalid chunk in model stream: not JSON');
+          }
+          return converter.event(data);
+        };
+        // The first frames are fetched before the status goes out: early errors are HTTP errors.
+        const first: string[] = [];
+        try {
+          while (first.length === 0) {
+            const n = await lines.next();
+            if (n.done) break;
+            if (n.value !== '[DONE]') first.push(...convert(n.value));
+          }
+        } catch (err) {
+          res.body.destroy();
+          throw toModelError(err);
+        }
+        async function* frames(): AsyncGenerator<string> {
+          try {
+            yield* first;
+            for (;;) {
+              const n = await lines.next();
+              if (n.done) break;
+              if (n.value === '[DONE]') continue;
+              yield* convert(n.value);
+            }
+            if (!converter.done) throw new ModelApiError(502, 'The model stream ended before its final event');
+            yield DONE_FRAME;
+          } catch (err) {
+            if (!abort.signal.aborted) yield errorFrame(toModelError(err));
+          } finally {
+            res.body.destroy();
+          }
+        }
+        return reply
+          .code(200)
+          .header('content-type', 'text/event-stream; charset=utf-8')
+          .header('cache-control', 'no-cache')
+          .header('x-accel-buffering', 'no')
+          .send(Readable.from(frames()));
+      }
+    },
+    { prefix: o.prefix },
+  );
+}
+
+/** The replica's body as it arrives; a failure mid-SSE ends the stream with an error event. */
+async function* relay(res: UpstreamResponse, abort: AbortController): AsyncGenerator<Buffer | string> {
+  let tail = '\n\n';
+  try {
+    for await (const chunk of res.body as AsyncIterable<Buffer>) {
+      if (chunk.length === 0) continue;
+      tail = chunk.subarray(-2).toString('latin1');
+      yield chunk;
+    }
+  } catch (err) {
+    if (abort.signal.aborted) throw err;
+    yield (tail.endsWith('\n\n') ? '' : tail.endsWith('\n') ? '\n' : '\n\n') + errorFrame(toModelError(err));
+  } finally {
+    res.body.destroy();
+  }
+}
+
+async function readCapped(body: AsyncIterable<Buffer | string> & { destroy(): void }, max: number): Promise<string> {
+  const parts: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const c of body) {
+      const b = typeof c === 'string' ? Buffer.from(c) : c;
+      parts.push(b);
+      size += b.length;
+      if (size >= max) break;
+    }
+  } finally {
+    body.destroy();
+  }
+  return Buffer.concat(parts).subarray(0, max).toString('utf8');
+}
+
+function headerValue(v: string | string[] | undefined): string | undefined {
+  return Array.isArray(v) ? v[0] : v;
+}
+
+function fastifyError(err: FastifyError): ModelApiError {
+  if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return new ModelApiError(413, 'The request body is too large');
+  if (typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500) return new ModelApiError(err.statusCode, err.message);
+  return toModelError(err);
+}

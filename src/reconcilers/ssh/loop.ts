@@ -1,0 +1,259 @@
+// The SSH loop: desired = one socket per service + one connection per replica (targets.ts);
+// observed = what this process holds; plan = create/update/delete per service socket and per
+// replica, by fingerprint, so an unchanged replica is never touched. Tunnels live on their
+// own between passes (reconnect, keepalive, probes) and report `Ready` per replica as they go.
+
+import { connect as netConnect } from 'node:net';
+import { join } from 'node:path';
+import type { Duplex } from 'node:stream';
+import type { Algorithms } from 'ssh2';
+import type { ProxyState } from '../../spec/types.js';
+import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
+import { systemClock, type Clock } from '../clock.js';
+import type { Action, ApplyResult, Loop, LoopContext, StatusWriter } from '../types.js';
+import { Balancer, type Upstream } from './balancer.js';
+import { HostKeyBook } from './host-keys.js';
+import { describeTarget, desiredFromSpec, type DesiredReplica, type DesiredSsh } from './targets.js';
+import { ReplicaTunnel, type TunnelState } from './tunnel.js';
+
+export const SSH_LOOP = 'ssh';
+
+export interface SshLoopOptions {
+  /** Sockets go to <stateDir>/sockets unless socketDir is given. */
+  stateDir: string;
+  socketDir?: string;
+  /** Default 0o660 with socketGid, else 0o600. */
+  socketMode?: number;
+  socketUid?: number;
+  socketGid?: number;
+  /** SSH keepalive: a ping every keepaliveIntervalMs, dead after keepaliveCountMax misses. Default 15_000 and 3. */
+  keepaliveIntervalMs?: number;
+  keepaliveCountMax?: number;
+  /** Per hop: TCP + handshake + auth. Default 10_000 (10 s). */
+  connectTimeoutMs?: number;
+  /** Reconnect backoff. Default 1 s doubling to 60 s, ±20 % jitter. */
+  reconnect?: Partial<BackoffPolicy>;
+  /** The app port is probed this often while connected. Default 10_000 (10 s). */
+  probeIntervalMs?: number;
+  /** A channel that has not opened by then counts as failed. Default 10_000 (10 s). */
+  channelOpenTimeoutMs?: number;
+  /** A removed replica's open connections are closed after this. Default 30_000 (30 s). */
+  drainMs?: number;
+  /** Where the app listens, as seen from the replica. Default 'localhost'. */
+  appHost?: string;
+  /** ssh2 algorithm preferences (cipher order etc.). Default: ssh2's. */
+  algorithms?: Algorithms;
+  clock?: Clock;
+  random?: () => number;
+}
+
+export interface SshLoopStats {
+  /** Completed handshakes of whole hop chains. */
+  sshConnects: number;
+  tunnels: number;
+  draining: number;
+}
+
+interface Held {
+  desired: DesiredReplica;
+  upstream: Upstream;
+  tunnel: ReplicaTunnel | null;
+  state: () => TunnelState;
+}
+
+export interface ObservedSsh {
+  services: Set<string>;
+  replicas: Map<string, { serviceKey: string; fingerprint: string }>;
+}
+
+export type SshPayload =
+  | { what: 'service'; serviceKey: string }
+  | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null };
+
+export type SshLoop = Loop<DesiredSsh, ObservedSsh, SshPayload> & {
+  balancer: Balancer;
+  stats: SshLoopStats;
+  /** Open connections through a replica in rotation (0 when unknown). */
+  activeConnections(replicaId: string): number;
+  /** Successful SSH logins to a replica since the process started (1 + reconnects). */
+  connects(replicaId: string): number;
+  /** Closes every socket and connection at once (shutdown; after controller.stop()). */
+  close(): Promise<void>;
+};
+
+/** Status object key of a replica. */
+export function replicaObjectKey(serviceKey: string, id: string): string {
+  return `${serviceKey}/${id}`;
+}
+
+export function createSshLoop(o: SshLoopOptions): SshLoop {
+  const clock = o.clock ?? systemClock;
+  const random = o.random ?? Math.random;
+  const reconnect = backoffPolicy({ baseMs: 1_000, factor: 2, maxMs: 60_000, jitter: 0.2, ...o.reconnect });
+  const balancer = new Balancer({
+    socketDir: o.socketDir ?? join(o.stateDir, 'sockets'),
+    random,
+    ...(o.socketMode !== undefined ? { socketMode: o.socketMode } : {}),
+    ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
+    ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),
+  });
+  const hostKeys = new HostKeyBook();
+  const held = new Map<string, Held>();
+  const draining = new Set<Promise<void>>();
+  const stats: SshLoopStats = { sshConnects: 0, tunnels: 0, draining: 0 };
+  /** Successful SSH logins per replica id, for the reconnect metric. */
+  const connects = new Map<string, number>();
+  let writer: StatusWriter | null = null;
+
+  const report = (d: DesiredReplica, s: TunnelState): void => {
+    if (held.get(d.id)?.desired !== d) return; // replaced or removed meanwhile
+    writer?.set(replicaObjectKey(d.serviceKey, d.id), { type: 'Ready', status: s.ready ? 'True' : 'False', reason: s.reason, message: s.message });
+  };
+
+  const start = (d: DesiredReplica, ctx: LoopContext): void => {
+    const t = d.target;
+    let h: Held;
+    if (d.problem !== null) {
+      const state: TunnelState = { ready: false, reason: 'InvalidConfig', message: d.problem };
+      h = { desired: d, tunnel: null, state: () => state, upstream: { isReady: () => false, open: () => Promise.reject(new Error(d.problem ?? '')) } };
+    } else if (t.kind === 'direct') {
+      const state: TunnelState = { ready: true, reason: 'Connected', message: `direct ${describeTarget(t)}` };
+      h = { desired: d, tunnel: null, state: () => state, upstream: { isReady: () => true, open: () => openTcp(t.host, t.port, o.connectTimeoutMs ?? 10_000) } };
+    } else {
+      const tunnel = new ReplicaTunnel({
+        target: t,
+        hostKeys,
+        clock,
+        random,
+        reconnect,
+        connectTimeoutMs: o.connectTimeoutMs ?? 10_000,
+        keepaliveIntervalMs: o.keepaliveIntervalMs ?? 15_000,
+        keepaliveCountMax: o.keepaliveCountMax ?? 3,
+        probeIntervalMs: o.probeIntervalMs ?? 10_000,
+        channelOpenTimeoutMs: o.channelOpenTimeoutMs ?? 10_000,
+        ...(o.algorithms ? { algorithms: o.algorithms } : {}),
+        onState: (s) => {
+          report(d, s);
+          ctx.logger.info({ replica: d.id, service: d.serviceKey, reason: s.reason, ready: s.ready }, s.message);
+        },
+        onConnected: () => {
+          stats.sshConnects++;
+          connects.set(d.id, (connects.get(d.id) ?? 0) + 1);
+        },
+      });
+      h = { desired: d, tunnel, upstream: tunnel, state: () => tunnel.state };
+    }
+    held.set(d.id, h);
+    stats.tunnels = held.size;
+    balancer.setReplica(d.serviceKey, d.id, h.upstream);
+    report(d, h.state());
+    h.tunnel?.start();
+  };
+
+  const stop = (id: string, serviceKey: string): void => {
+    const h = held.get(id);
+    balancer.removeReplica(serviceKey, id); // out of rotation at once
+    if (!h) return;
+    held.delete(id);
+    stats.tunnels = held.size;
+    const p = balancer.drain(h.upstream, o.drainMs ?? 30_000).then(() => h.tunnel?.close());
+    draining.add(p);
+    stats.draining = draining.size;
+    void p.finally(() => {
+      draining.delete(p);
+      stats.draining = draining.size;
+    });
+  };
+
+  return {
+    name: SSH_LOOP,
+    balancer,
+    stats,
+    connects: (replicaId) => connects.get(replicaId) ?? 0,
+
+    desired(spec: ProxyState): DesiredSsh {
+      return desiredFromSpec(spec, o.appHost);
+    },
+
+    async observe(ctx: LoopContext): Promise<ObservedSsh> {
+      const replicas = new Map<string, { serviceKey: string; fingerprint: string }>();
+      const keep: string[] = [];
+      for (const [id, h] of held) {
+        replicas.set(id, { serviceKey: h.desired.serviceKey, fingerprint: h.desired.fingerprint });
+        const key = replicaObjectKey(h.desired.serviceKey, id);
+        keep.push(key);
+        const st = h.state();
+        ctx.status.set(key, { type: 'Ready', status: st.ready ? 'True' : 'False', reason: st.reason, message: st.message });
+      }
+      ctx.status.prune(keep);
+      return { services: new Set(balancer.listening()), replicas };
+    },
+
+    plan(desired: DesiredSsh, observed: ObservedSsh): Action<SshPayload>[] {
+      const actions: Action<SshPayload>[] = [];
+      for (const sk of desired.services) {
+        if (!observed.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'create', summary: `listen on the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
+      }
+      for (const sk of observed.services) {
+        if (!desired.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'delete', summary: `close the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
+      }
+      for (const [id, d] of desired.replicas) {
+        const cur = observed.replicas.get(id);
+        if (cur?.fingerprint === d.fingerprint) continue;
+        const kind = cur ? 'update' : 'create';
+        actions.push({
+          key: `replica:${id}`,
+          kind,
+          summary: `${kind === 'create' ? 'open' : 'reopen'} the tunnel of replica ${id} of ${d.serviceKey} (${describeTarget(d.target)})`,
+          payload: { what: 'replica', replica: d, previous: cur ? { serviceKey: cur.serviceKey } : null },
+        });
+      }
+      for (const [id, cur] of observed.replicas) {
+        if (desired.replicas.has(id)) continue;
+        actions.push({ key: `replica:${id}`, kind: 'delete', summary: `close the tunnel of replica ${id} of ${cur.serviceKey}`, payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } } });
+      }
+      return actions;
+    },
+
+    async apply(action: Action<SshPayload>, ctx: LoopContext): Promise<ApplyResult> {
+      writer = ctx.status;
+      const p = action.payload;
+      if (p.what === 'service') {
+        if (action.kind === 'delete') await balancer.unlisten(p.serviceKey);
+        else await balancer.listen(p.serviceKey);
+        return 'done';
+      }
+      const id = action.key.slice('replica:'.length);
+      if (p.previous) {
+        stop(id, p.previous.serviceKey);
+        ctx.status.delete(replicaObjectKey(p.previous.serviceKey, id));
+      }
+      if (p.replica) start(p.replica, ctx);
+      return 'done';
+    },
+
+    activeConnections(replicaId: string): number {
+      const h = held.get(replicaId);
+      return h ? balancer.activeConnections(h.upstream) : 0;
+    },
+
+    async close(): Promise<void> {
+      for (const h of held.values()) h.tunnel?.close();
+      held.clear();
+      await balancer.close(); // destroys open connections: drains end at once
+      await Promise.all(draining);
+    },
+  };
+}
+
+function openTcp(host: string, port: number, timeoutMs: number): Promise<Duplex> {
+  return new Promise((resolve, reject) => {
+    const sock = netConnect({ host, port, noDelay: true });
+    sock.setTimeout(timeoutMs, () => sock.destroy(new Error(`connect to ${host}:${port} timed out`)));
+    sock.once('connect', () => {
+      sock.setTimeout(0);
+      resolve(sock);
+    });
+    sock.once('error', reject);
+  });
+}

@@ -1,0 +1,81 @@
+// What the SSH loop wants, derived purely from the spec: one listening socket per service and,
+// per replica, the chain of hops (head proxy → proxy → destination) or the direct address.
+// `fingerprint` is a hash of everything that defines a connection: equal fingerprints mean
+// "leave the connection alone" (a resync or an identical PUT touches nothing).
+
+import { createHash } from 'node:crypto';
+import type { ProxyState, Replica, SshHop, SshProxyHop } from '../../spec/types.js';
+import { DEFAULT_SSH_PORT, serviceKey } from '../../spec/types.js';
+
+export interface HopTarget {
+  host: string;
+  port: number;
+  user: string;
+  /** Secret: in memory only. */
+  privateKey: string;
+  hostKeyFingerprint?: string;
+}
+
+export type ReplicaTarget =
+  | { kind: 'ssh'; hops: HopTarget[]; appHost: string; appPort: number }
+  | { kind: 'direct'; host: string; port: number };
+
+export interface DesiredReplica {
+  id: string;
+  serviceKey: string;
+  target: ReplicaTarget;
+  /** sha256 over serviceKey + target (keys included); never shown. */
+  fingerprint: string;
+  /** Why the replica cannot be connected, e.g. no private key; null when fine. */
+  problem: string | null;
+}
+
+export interface DesiredSsh {
+  services: Set<string>;
+  replicas: Map<string, DesiredReplica>;
+}
+
+/** Pure: the sockets and connections the spec asks for. */
+export function desiredFromSpec(state: ProxyState, appHost = 'localhost'): DesiredSsh {
+  const keys = new Map(state.spec.projects.map((p) => [p.name, p.sshPrivateKey]));
+  const services = new Set<string>();
+  const replicas = new Map<string, DesiredReplica>();
+  for (const s of state.spec.services) {
+    const sk = serviceKey(s);
+    services.add(sk);
+    for (const r of s.replicas) {
+      const { target, problem } = targetOf(r, keys.get(s.project), appHost);
+      replicas.set(r.id, { id: r.id, serviceKey: sk, target, problem, fingerprint: fingerprintOf(sk, target) });
+    }
+  }
+  return { services, replicas };
+}
+
+function targetOf(r: Replica, projectKey: string | undefined, appHost: string): { target: ReplicaTarget; problem: string | null } {
+  if (r.direct) return { target: { kind: 'direct', host: r.direct.host, port: r.direct.port }, problem: null };
+  const hops: HopTarget[] = [];
+  let problem: string | null = null;
+  const add = (hop: SshHop | SshProxyHop | undefined, name: string): void => {
+    if (!hop) return;
+    const key = ('privateKey' in hop ? hop.privateKey : undefined) ?? projectKey;
+    if (!key) problem ??= `no private key for the ${name} hop ${hop.user}@${hop.host}`;
+    const h: HopTarget = { host: hop.host, port: hop.port ?? DEFAULT_SSH_PORT, user: hop.user, privateKey: key ?? '' };
+    if (hop.hostKeyFingerprint) h.hostKeyFingerprint = hop.hostKeyFingerprint;
+    hops.push(h);
+  };
+  add(r.sshHeadProxy, 'head proxy');
+  add(r.sshProxy, 'proxy');
+  add(r.ssh, 'destination');
+  if (!r.ssh) problem ??= 'the replica has neither ssh nor direct';
+  return { target: { kind: 'ssh', hops, appHost, appPort: r.appPort }, problem };
+}
+
+function fingerprintOf(sk: string, target: ReplicaTarget): string {
+  return createHash('sha256').update(JSON.stringify([sk, target])).digest('hex');
+}
+
+/** A description safe for logs and plans: the hops without keys. */
+export function describeTarget(t: ReplicaTarget): string {
+  if (t.kind === 'direct') return `direct ${t.host}:${t.port}`;
+  return `${t.hops.map((h) => `${h.user}@${h.host}:${h.port}`).join(' → ')} → ${t.appHost}:${t.appPort}`;
+}

@@ -1,0 +1,167 @@
+// One replica's SSH connection with its lifecycle: connect the hop chain → probe a channel to
+// the app port → Ready. Lost connections (socket closed, keepalive missed) reconnect with
+// exponential backoff and jitter until close(). The app port is probed again every
+// probeIntervalMs, and at once after a channel open failed.
+
+import type { Duplex } from 'node:stream';
+import type { Client } from 'ssh2';
+import { nextDelay, type BackoffPolicy } from '../backoff.js';
+import type { Clock, TimerHandle } from '../clock.js';
+import { connectChain, forwardOut, safeMessage, SshConnectError, type ChainOptions } from './ssh-chain.js';
+import type { ReplicaTarget } from './targets.js';
+
+export type TunnelReason = 'Connecting' | 'Connected' | 'ConnectFailed' | 'AuthFailed' | 'HostKeyMismatch' | 'AppPortUnreachable' | 'InvalidConfig';
+
+export interface TunnelState {
+  ready: boolean;
+  reason: TunnelReason;
+  message: string;
+}
+
+export interface TunnelOptions extends ChainOptions {
+  target: Extract<ReplicaTarget, { kind: 'ssh' }>;
+  clock: Clock;
+  reconnect: BackoffPolicy;
+  random: () => number;
+  probeIntervalMs: number;
+  channelOpenTimeoutMs: number;
+  onState: (state: TunnelState) => void;
+  /** Called after every completed handshake of the whole chain. */
+  onConnected?: () => void;
+}
+
+export class ReplicaTunnel {
+  readonly #o: TunnelOptions;
+  #clients: Client[] = [];
+  #state: TunnelState = { ready: false, reason: 'Connecting', message: 'connecting' };
+  #attempts = 0;
+  #timer: TimerHandle | null = null;
+  #probeTimer: TimerHandle | null = null;
+  #closed = false;
+  #epoch = 0; // bumps on every teardown: late callbacks of an old connection are ignored
+
+  constructor(o: TunnelOptions) {
+    this.#o = o;
+  }
+
+  get state(): TunnelState {
+    return this.#state;
+  }
+
+  isReady(): boolean {
+    return this.#state.ready;
+  }
+
+  start(): void {
+    void this.#connect();
+  }
+
+  /** A channel to the app port; marks the replica unreachable when it fails. */
+  async open(): Promise<Duplex> {
+    const last = this.#clients[this.#clients.length - 1];
+    if (!this.#state.ready || last === undefined) throw new Error('replica is not ready');
+    const epoch = this.#epoch;
+    try {
+      return await forwardOut(last, this.#o.target.appHost, this.#o.target.appPort, this.#o.channelOpenTimeoutMs);
+    } catch (err) {
+      if (epoch === this.#epoch && !this.#closed) {
+        this.#set({ ready: false, reason: 'AppPortUnreachable', message: this.#appMessage(err) });
+        this.#scheduleProbe(0);
+      }
+      throw err;
+    }
+  }
+
+  /** Closes the connection for good; no reconnect. */
+  close(): void {
+    this.#closed = true;
+    this.#teardown();
+  }
+
+  async #connect(): Promise<void> {
+    if (this.#closed) return;
+    const epoch = ++this.#epoch;
+    try {
+      const clients = await connectChain(this.#o.target.hops, this.#o);
+      if (this.#closed || epoch !== this.#epoch) {
+        for (const c of clients.reverse()) c.end();
+        return;
+      }
+      this.#clients = clients;
+      this.#attempts = 0;
+      for (const c of clients) c.once('close', () => this.#lost(epoch, 'connection closed'));
+      for (const c of clients) c.on('error', (err) => this.#lost(epoch, safeMessage(err)));
+      this.#o.onConnected?.();
+      await this.#probe(epoch);
+    } catch (err) {
+      if (this.#closed || epoch !== this.#epoch) return;
+      const reason = err instanceof SshConnectError ? err.reason : 'ConnectFailed';
+      this.#retry(reason, safeMessage(err));
+    }
+  }
+
+  #lost(epoch: number, why: string): void {
+    if (this.#closed || epoch !== this.#epoch) return;
+    this.#teardown();
+    this.#retry('ConnectFailed', `connection lost: ${why}`);
+  }
+
+  #retry(reason: TunnelReason, message: string): void {
+    const delay = nextDelay(++this.#attempts, this.#o.reconnect, this.#o.random);
+    this.#set({ ready: false, reason, message: `${message}; retrying in ${Math.round(delay / 100) / 10} s` });
+    this.#timer = this.#o.clock.setTimeout(() => {
+      this.#timer = null;
+      void this.#connect();
+    }, delay);
+  }
+
+  async #probe(epoch: number): Promise<void> {
+    const last = this.#clients[this.#clients.length - 1];
+    if (last === undefined || epoch !== this.#epoch || this.#closed) return;
+    const { appHost, appPort } = this.#o.target;
+    try {
+      const ch = await forwardOut(last, appHost, appPort, this.#o.channelOpenTimeoutMs);
+      ch.close();
+      if (epoch !== this.#epoch || this.#closed) return;
+      this.#set({ ready: true, reason: 'Connected', message: `connected; ${appHost}:${appPort} accepts connections` });
+    } catch (err) {
+      if (epoch !== this.#epoch || this.#closed) return;
+      this.#set({ ready: false, reason: 'AppPortUnreachable', message: this.#appMessage(err) });
+    }
+    this.#scheduleProbe(this.#o.probeIntervalMs);
+  }
+
+  #scheduleProbe(ms: number): void {
+    if (this.#probeTimer !== null) this.#o.clock.clearTimeout(this.#probeTimer);
+    const epoch = this.#epoch;
+    this.#probeTimer = this.#o.clock.setTimeout(() => {
+      this.#probeTimer = null;
+      void this.#probe(epoch);
+    }, ms);
+  }
+
+  #appMessage(err: unknown): string {
+    const { appHost, appPort } = this.#o.target;
+    return `connected, but ${appHost}:${appPort} on the replica refuses channels: ${safeMessage(err)}`;
+  }
+
+  #teardown(): void {
+    this.#epoch++;
+    for (const t of [this.#timer, this.#probeTimer]) if (t !== null) this.#o.clock.clearTimeout(t);
+    this.#timer = this.#probeTimer = null;
+    for (const c of this.#clients.reverse()) endClient(c);
+    this.#clients = [];
+  }
+
+  #set(s: TunnelState): void {
+    const prev = this.#state;
+    this.#state = s;
+    if (prev.ready !== s.ready || prev.reason !== s.reason || prev.message !== s.message) this.#o.onState(s);
+  }
+}
+
+/** A polite disconnect, then the socket is destroyed in case the peer no longer answers. */
+function endClient(c: Client): void {
+  c.end();
+  setTimeout(() => c.destroy(), 1_000).unref();
+}

@@ -1,0 +1,196 @@
+// Per-domain ACME backoff, persisted in <stateDir>/tls-backoff.json (0600, atomic write) so a
+// restart continues the schedule instead of resetting it (issue 5, item 4).
+//
+// Schedule: after the n-th consecutive failed attempt for a domain the next attempt waits
+//   1 min, 5 min, 15 min, 30 min, 1 h, 2 h, 4 h, 8 h, 16 h, then 24 h for every further failure.
+// It starts short (a first failure is usually DNS not yet pointing at the gateway) and grows.
+// Two hard limits hold on top of it, whatever the schedule or a changed document says:
+//   - at most 5 ACME attempts per domain in any sliding hour (Let's Encrypt: ≤ 5 failed
+//     authorizations per hostname per hour; every attempt counts, failed or not);
+//   - at most 300 ACME attempts (each is at most one new order) in any sliding 3 h, for all
+//     domains together (Let's Encrypt: ≤ 300 new orders per account per 3 h).
+// With the schedule alone, consecutive attempts start at 0, 1, 6, 21, 51, 111 min: never more
+// than 5 in an hour. A changed ACME server or EAB key for the domain may retry at once (the
+// failures were against other settings), still within the hourly limit.
+
+import { randomBytes } from 'node:crypto';
+import { chmod, mkdir, open, readFile, rename, rm } from 'node:fs/promises';
+import { dirname } from 'node:path';
+
+const MIN = 60_000;
+const HOUR = 60 * MIN;
+
+/** Delay after the n-th consecutive failure (index n-1); the last repeats. */
+export const TLS_BACKOFF_SCHEDULE_MS: readonly number[] = [1 * MIN, 5 * MIN, 15 * MIN, 30 * MIN, 1 * HOUR, 2 * HOUR, 4 * HOUR, 8 * HOUR, 16 * HOUR, 24 * HOUR];
+export const MAX_ATTEMPTS_PER_DOMAIN_PER_HOUR = 5;
+export const MAX_ORDERS_PER_3H = 300;
+export const ORDER_WINDOW_MS = 3 * HOUR;
+export const DOMAIN_WINDOW_MS = HOUR;
+/** When the domain does not resolve: check DNS again after this, without spending an attempt. */
+export const DNS_RETRY_MS = 30_000; // 30 s
+
+export interface DomainBackoff {
+  failedAttempts: number;
+  lastFailureTime?: number;
+  /** No ACME attempt before this (epoch ms). */
+  nextAttemptTime?: number;
+  /** One line, scrubbed. */
+  lastError?: string;
+  lastReason?: 'IssueFailed' | 'DNSNotReady';
+  /** Fingerprint of the ACME settings the failures were against (no secret in it). */
+  acmeKey?: string;
+  /** Start times of ACME attempts in the last hour. */
+  attempts: number[];
+  /** The domain left the document; kept only while its attempts still count. */
+  removed?: boolean;
+}
+
+export interface BackoffFile {
+  version: 1;
+  domains: Record<string, DomainBackoff>;
+  /** Start times of ACME attempts (all domains) in the last 3 h. */
+  orders: number[];
+}
+
+export interface Limits {
+  schedule: readonly number[];
+  maxPerDomainPerHour: number;
+  maxOrdersPer3h: number;
+}
+
+export const DEFAULT_LIMITS: Limits = {
+  schedule: TLS_BACKOFF_SCHEDULE_MS,
+  maxPerDomainPerHour: MAX_ATTEMPTS_PER_DOMAIN_PER_HOUR,
+  maxOrdersPer3h: MAX_ORDERS_PER_3H,
+};
+
+export function delayAfter(failures: number, schedule: readonly number[] = TLS_BACKOFF_SCHEDULE_MS): number {
+  const i = Math.min(Math.max(1, failures), schedule.length) - 1;
+  return schedule[i] ?? 24 * HOUR;
+}
+
+/** When the next ACME attempt for a domain may start (pure); `now` when it may start at once. */
+export function nextAllowed(entry: DomainBackoff | undefined, orders: readonly number[], acmeKey: string, now: number, limits: Limits = DEFAULT_LIMITS): { at: number; why: 'none' | 'backoff' | 'hourly' | 'orders' } {
+  let at = now;
+  let why: 'none' | 'backoff' | 'hourly' | 'orders' = 'none';
+  const bump = (t: number, w: typeof why): void => {
+    if (t > at) {
+      at = t;
+      why = w;
+    }
+  };
+  if (entry) {
+    const sameSettings = entry.acmeKey === undefined || entry.acmeKey === acmeKey;
+    if (entry.nextAttemptTime !== undefined && (sameSettings || entry.lastReason === 'DNSNotReady')) bump(entry.nextAttemptTime, 'backoff');
+    const recent = entry.attempts.filter((t) => t > now - DOMAIN_WINDOW_MS).sort((a, b) => a - b);
+    if (recent.length >= limits.maxPerDomainPerHour) bump(recent[recent.length - limits.maxPerDomainPerHour]! + DOMAIN_WINDOW_MS, 'hourly');
+  }
+  const recentOrders = orders.filter((t) => t > now - ORDER_WINDOW_MS).sort((a, b) => a - b);
+  if (recentOrders.length >= limits.maxOrdersPer3h) bump(recentOrders[recentOrders.length - limits.maxOrdersPer3h]! + ORDER_WINDOW_MS, 'orders');
+  return { at, why };
+}
+
+/**
+ * How many attempts the domain could make in [now, now + 1 h) if every one of them failed
+ * (pure; for dry-run). Follows the schedule and the hourly limit; ignores other domains.
+ */
+export function attemptsInNextHour(entry: DomainBackoff | undefined, acmeKey: string, now: number, limits: Limits = DEFAULT_LIMITS): number {
+  let e: DomainBackoff = entry ? { ...entry, attempts: [...entry.attempts] } : { failedAttempts: 0, attempts: [] };
+  let count = 0;
+  const end = now + DOMAIN_WINDOW_MS;
+  for (;;) {
+    const { at } = nextAllowed(e, [], acmeKey, now, limits);
+    const t = Math.max(at, now);
+    if (t >= end || count >= 100) return count;
+    count++;
+    e = recordFailure(e, { at: t, error: '', acmeKey }, limits);
+  }
+}
+
+/** A failed ACME attempt that started at `at` (pure). */
+export function recordFailure(entry: DomainBackoff | undefined, f: { at: number; error: string; acmeKey: string; finishedAt?: number }, limits: Limits = DEFAULT_LIMITS): DomainBackoff {
+  const failedAttempts = (entry && entry.acmeKey === f.acmeKey ? entry.failedAttempts : 0) + 1;
+  const end = f.finishedAt ?? f.at;
+  return {
+    failedAttempts,
+    lastFailureTime: end,
+    nextAttemptTime: end + delayAfter(failedAttempts, limits.schedule),
+    lastError: f.error,
+    lastReason: 'IssueFailed',
+    acmeKey: f.acmeKey,
+    attempts: [...(entry?.attempts ?? []).filter((t) => t > f.at - DOMAIN_WINDOW_MS), f.at],
+  };
+}
+
+/** The domain does not resolve: report it, check again soon, spend no attempt (pure). */
+export function recordDnsNotReady(entry: DomainBackoff | undefined, f: { at: number; error: string; acmeKey: string }): DomainBackoff {
+  const { removed: _removed, ...rest } = entry ?? { failedAttempts: 0, attempts: [] };
+  return {
+    ...rest,
+    lastError: f.error,
+    lastReason: 'DNSNotReady',
+    nextAttemptTime: Math.max(entry?.lastReason === 'IssueFailed' && entry.acmeKey === f.acmeKey ? (entry.nextAttemptTime ?? 0) : 0, f.at + DNS_RETRY_MS),
+    ...(entry?.acmeKey === undefined ? { acmeKey: f.acmeKey } : {}),
+  };
+}
+
+/** The backoff file: loaded once, changed in memory, written atomically on every change. */
+export class BackoffStore {
+  readonly #path: string;
+  #data: BackoffFile | null = null;
+  #writing: Promise<void> = Promise.resolve();
+
+  constructor(path: string) {
+    this.#path = path;
+  }
+
+  async load(): Promise<BackoffFile> {
+    if (this.#data) return this.#data;
+    try {
+      const parsed = JSON.parse(await readFile(this.#path, 'utf8')) as Partial<BackoffFile>;
+      this.#data = { version: 1, domains: parsed.domains ?? {}, orders: Array.isArray(parsed.orders) ? parsed.orders : [] };
+    } catch (err) {
+      // Missing: nothing failed yet. Corrupt: start over rather than never issue again; the
+      // hard limits still hold from the next attempt on.
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' && !(err instanceof SyntaxError)) throw err;
+      this.#data = { version: 1, domains: {}, orders: [] };
+    }
+    return this.#data;
+  }
+
+  async get(domain: string): Promise<DomainBackoff | undefined> {
+    return (await this.load()).domains[domain];
+  }
+
+  async update(mutate: (data: BackoffFile) => void, now: number): Promise<void> {
+    const data = await this.load();
+    mutate(data);
+    data.orders = data.orders.filter((t) => t > now - ORDER_WINDOW_MS);
+    for (const [d, e] of Object.entries(data.domains)) {
+      if (e.removed && !e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) delete data.domains[d];
+    }
+    const text = `${JSON.stringify(data, null, 2)}\n`;
+    const run = this.#writing.then(() => writeAtomic(this.#path, text));
+    this.#writing = run.catch(() => undefined);
+    await run;
+  }
+}
+
+async function writeAtomic(path: string, text: string): Promise<void> {
+  await mkdir(dirname(path), { recursive: true, mode: 0o700 });
+  const tmp = `${path}.tmp-${randomBytes(4).toString('hex')}`;
+  try {
+    const fh = await open(tmp, 'w', 0o600);
+    try {
+      await fh.writeFile(text);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await chmod(tmp, 0o600);
+    await rename(tmp, path);
+  } catch (err) {
+    await rm(tmp, { force: true });
+    throw err;
+  }
+}

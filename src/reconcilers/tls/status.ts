@@ -1,0 +1,101 @@
+// The TLS loop's per-domain status (issue 5, item 5) and what other loops read from it.
+// Conditions `Ready` and `Issuing` (V1Condition shape); the figures (serial, notAfter,
+// renewalTime, failedAttempts, lastFailureTime, nextAttemptTime, last error) are in the
+// messages, in a fixed `name value; name value` form that certForFromStatus parses back.
+
+import { join } from 'node:path';
+import type { CertPaths } from '../nginx/view.js';
+import type { StatusSnapshot } from '../types.js';
+import type { DomainBackoff } from './backoff.js';
+import type { CertCheck, CertInfo } from './certificate.js';
+
+export const TLS_LOOP = 'tls';
+
+/** Everything the loop knows about one domain, for status, metrics and dry-run. */
+export interface DomainInfo {
+  domain: string;
+  /** The certificate being served, when there is a valid one. */
+  cert: CertInfo | null;
+  /** Why there is no valid certificate (Missing, Invalid, Expired), when there is none. */
+  certProblem?: string;
+  issuing: boolean;
+  failedAttempts: number;
+  lastFailureTime?: number;
+  nextAttemptTime?: number;
+  lastError?: string;
+  lastReason?: 'IssueFailed' | 'DNSNotReady';
+}
+
+export interface ConditionPair {
+  ready: { type: 'Ready'; status: 'True' | 'False'; reason: string; message: string };
+  issuing: { type: 'Issuing'; status: 'True' | 'False'; reason: string; message: string };
+}
+
+export function domainInfo(domain: string, check: CertCheck | null, backoff: DomainBackoff | undefined, issuing: boolean): DomainInfo {
+  const info: DomainInfo = { domain, cert: check?.ok ? check.info : null, issuing, failedAttempts: backoff?.failedAttempts ?? 0 };
+  if (check && !check.ok) info.certProblem = check.message;
+  if (backoff?.lastFailureTime !== undefined) info.lastFailureTime = backoff.lastFailureTime;
+  if (backoff?.nextAttemptTime !== undefined) info.nextAttemptTime = backoff.nextAttemptTime;
+  if (backoff?.lastError !== undefined) info.lastError = backoff.lastError;
+  if (backoff?.lastReason !== undefined) info.lastReason = backoff.lastReason;
+  return info;
+}
+
+const iso = (t: number): string => new Date(t).toISOString();
+
+/** The figures of a failure: `failedAttempts 2; lastFailureTime …; nextAttemptTime …; error …`. */
+export function failureFigures(i: DomainInfo): string {
+  const parts = [`failedAttempts ${i.failedAttempts}`];
+  if (i.lastFailureTime !== undefined) parts.push(`lastFailureTime ${iso(i.lastFailureTime)}`);
+  if (i.nextAttemptTime !== undefined) parts.push(`nextAttemptTime ${iso(i.nextAttemptTime)}`);
+  if (i.lastError) parts.push(`error ${i.lastError}`);
+  return parts.join('; ');
+}
+
+export function certFigures(c: CertInfo): string {
+  return `serial ${c.serial}; notAfter ${iso(c.notAfter)}; renewalTime ${iso(c.renewalTime)}`;
+}
+
+/** The two conditions for what is known about a domain (pure). */
+export function domainConditions(i: DomainInfo): ConditionPair {
+  const failing = i.lastReason !== undefined;
+  const ready: ConditionPair['ready'] = i.cert
+    ? { type: 'Ready', status: 'True', reason: 'Issued', message: certFigures(i.cert) }
+    : failing
+      ? { type: 'Ready', status: 'False', reason: i.lastReason!, message: failureFigures(i) }
+      : { type: 'Ready', status: 'False', reason: 'Pending', message: i.certProblem ?? 'no certificate yet' };
+  const issuing: ConditionPair['issuing'] = i.issuing
+    ? { type: 'Issuing', status: 'True', reason: i.cert ? 'Renewing' : 'Requesting', message: 'certbot is running' }
+    : failing
+      ? { type: 'Issuing', status: 'False', reason: i.lastReason === 'DNSNotReady' ? 'DNSNotReady' : 'BackingOff', message: failureFigures(i) }
+      : { type: 'Issuing', status: 'False', reason: 'Idle', message: i.cert ? `next renewal at ${iso(i.cert.renewalTime)}` : 'waiting for the next pass' };
+  return { ready, issuing };
+}
+
+/** The serial in a Ready=True message, or null. */
+export function serialFromMessage(message: string | undefined): string | null {
+  const m = /^serial ([0-9A-F]+);/.exec(message ?? '');
+  return m ? m[1]! : null;
+}
+
+/**
+ * Where the published copy of a domain's current certificate lives. The serial is part of the
+ * path, so a renewal changes the Nginx site text and the Nginx loop reloads.
+ */
+export function publishedPaths(certsDir: string, domain: string, serial: string): CertPaths {
+  const dir = join(certsDir, domain, serial);
+  return { certPath: join(dir, 'fullchain.pem'), keyPath: join(dir, 'privkey.pem') };
+}
+
+/**
+ * For the Nginx loop (pure): a domain whose certificate is Ready → its published paths; else null.
+ * Use as `certFor: certForFromStatus(certsDir)`; `certsDir` is the TLS loop's `certsDir`.
+ */
+export function certForFromStatus(certsDir: string): (domain: string, statuses: StatusSnapshot) => CertPaths | null {
+  return (domain, statuses) => {
+    const ready = statuses.loops[TLS_LOOP]?.objects[domain]?.find((c) => c.type === 'Ready');
+    if (ready?.status !== 'True') return null;
+    const serial = serialFromMessage(ready.message);
+    return serial ? publishedPaths(certsDir, domain, serial) : null;
+  };
+}

@@ -1,0 +1,104 @@
+// Header rules of the in-server proxy, as pure functions over Node's raw header lists
+// (`[name, value, name, value, …]`, names as the client sent them):
+//   request  → hop-by-hop stripped (RFC 9110 §7.6.1, plus any header named in Connection),
+//              X-Forwarded-For/-Proto/-Host and X-Real-IP set, Authorization dropped when the
+//              service uses proxy auth (the token is the user's credential for us, not the replica's);
+//   response → hop-by-hop stripped, the replica's Server and Date dropped (Node adds its own Date).
+
+/** Headers that describe one connection, never forwarded (lower case). */
+export const HOP_BY_HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+  // Not hop-by-hop by the RFC, but answered by our own server (100 Continue) and refused by undici.
+  'expect',
+]);
+
+const FORWARDED = new Set(['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-real-ip']);
+const RESPONSE_DROP = new Set(['server', 'date']);
+
+export interface ForwardContext {
+  /** The client's address (the TCP peer). */
+  clientIp: string;
+  /** 'http' or 'https', as the client reached us. */
+  proto: string;
+  /** Drop Authorization: the service uses proxy auth. */
+  dropAuthorization: boolean;
+  /** Keep Upgrade / Connection: upgrade (a WebSocket handshake). */
+  upgrade?: boolean;
+}
+
+/** Names listed in the Connection header(s), lower case. */
+function connectionTokens(raw: readonly string[]): Set<string> {
+  const out = new Set<string>();
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i]!.toLowerCase() !== 'connection') continue;
+    for (const t of raw[i + 1]!.split(',')) {
+      const name = t.trim().toLowerCase();
+      if (name) out.add(name);
+    }
+  }
+  return out;
+}
+
+/** The headers sent to the replica: a flat [name, value, …] list in the client's order. */
+export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardContext): string[] {
+  const listed = connectionTokens(raw);
+  const out: string[] = [];
+  let priorXff: string | undefined;
+  let host = '';
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    const value = raw[i + 1]!;
+    const lower = name.toLowerCase();
+    if (lower === 'host') host = value;
+    if (lower === 'x-forwarded-for') {
+      priorXff = priorXff === undefined ? value : `${priorXff}, ${value}`;
+      continue;
+    }
+    if (HOP_BY_HOP.has(lower) || listed.has(lower) || FORWARDED.has(lower)) {
+      if (ctx.upgrade && lower === 'upgrade') out.push(name, value);
+      continue;
+    }
+    if (ctx.dropAuthorization && lower === 'authorization') continue;
+    out.push(name, value);
+  }
+  if (ctx.upgrade) out.push('Connection', 'Upgrade');
+  out.push(
+    'X-Forwarded-For', priorXff === undefined ? ctx.clientIp : `${priorXff}, ${ctx.clientIp}`,
+    'X-Forwarded-Proto', ctx.proto,
+    'X-Real-IP', ctx.clientIp,
+  );
+  if (host) out.push('X-Forwarded-Host', host);
+  return out;
+}
+
+/** The replica's response headers as sent to the client: a flat [name, value, …] list. */
+export function downstreamResponseHeaders(headers: Record<string, string | string[] | undefined>): string[] {
+  const listed = new Set<string>();
+  const conn = headers.connection;
+  for (const v of Array.isArray(conn) ? conn : conn ? [conn] : []) {
+    for (const t of v.split(',')) listed.add(t.trim().toLowerCase());
+  }
+  const out: string[] = [];
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined) continue;
+    const lower = name.toLowerCase();
+    if (HOP_BY_HOP.has(lower) || listed.has(lower) || RESPONSE_DROP.has(lower)) continue;
+    if (Array.isArray(value)) for (const v of value) out.push(name, v);
+    else out.push(name, value);
+  }
+  return out;
+}
+
+/** `ip` without the IPv4-mapped prefix (`::ffff:127.0.0.1` → `127.0.0.1`). */
+export function plainIp(ip: string | undefined): string {
+  if (!ip) return '';
+  return ip.startsWith('::ffff:') && ip.includes('.') ? ip.slice(7) : ip;
+}

@@ -1,0 +1,115 @@
+// registerServerProxy(app, options): `/proxy/services/:project/:run[/*]` on a fastify app,
+// for every method, plus WebSocket upgrades on app.server. A host server passes its own
+// getState/connect/authorize; the standalone `server-proxy` command passes the database
+// document, the in-process SSH loop's balancer and the control-server check.
+//
+// The proxy runs in the route's onRequest hook and hijacks the reply there: fastify never reads
+// or parses the body (no content-type parser, no bodyLimit, no 415 for odd media types).
+
+import type { FastifyInstance, FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
+import type { Logger } from 'pino';
+import type { ProxyState, Service } from '../spec/types.js';
+import { serviceKey } from '../spec/types.js';
+import { ServiceIndex, type Authorize } from './admit.js';
+import { plainIp } from './headers.js';
+import { proxyHttp, sendDetail, type HttpProxyContext } from './http-proxy.js';
+import { SERVICES_PREFIX } from './paths.js';
+import { RateLimiter } from './rate-limit.js';
+import { createInProcessStats, type InProcessStats } from './stats.js';
+import { DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_READ_TIMEOUT_MS, UpstreamPools, type ConnectFn } from './upstream.js';
+import { handleUpgrade, rawReply, type UpgradeContext } from './websocket.js';
+
+export interface ServerProxyOptions {
+  /** The current document; called per request (cheap: the service index is rebuilt only when the object changes). */
+  getState: () => ProxyState;
+  /** A new stream to a Ready replica of the service (the SSH loop's `balancer.connect`). */
+  connect: ConnectFn;
+  /** Is `token` a member's token of `project`? Asked only for services with `auth: true`. */
+  authorize: Authorize;
+  /** Where requests are counted. Default a new in-process collector. */
+  stats?: InProcessStats;
+  /** Opening a connection to a replica. Default 10 s; past it → 504. */
+  connectTimeoutMs?: number;
+  /** Waiting for response headers, and silence between body chunks. Default 300 s; before headers → 504. */
+  readTimeoutMs?: number;
+  /** Keep-alive connections per service at most. Default 256. */
+  connectionsPerService?: number;
+  /** For rate limits and stats. Default the system clock. */
+  clock?: { now(): number };
+  logger?: Logger;
+}
+
+export interface ServerProxy {
+  stats: InProcessStats;
+  limiter: RateLimiter;
+  pools: UpstreamPools;
+}
+
+export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOptions): Promise<ServerProxy> {
+  if (typeof o.getState !== 'function' || typeof o.connect !== 'function' || typeof o.authorize !== 'function') {
+    throw new TypeError('registerServerProxy needs getState, connect and authorize functions');
+  }
+  const connectTimeoutMs = o.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
+  const readTimeoutMs = o.readTimeoutMs ?? DEFAULT_READ_TIMEOUT_MS;
+  for (const [name, v] of [['connectTimeoutMs', connectTimeoutMs], ['readTimeoutMs', readTimeoutMs]] as const) {
+    if (!Number.isFinite(v) || v <= 0) throw new TypeError(`registerServerProxy: ${name} must be > 0, got ${v}`);
+  }
+  const stats = o.stats ?? createInProcessStats(o.clock ? { clock: o.clock } : {});
+  const limiter = new RateLimiter(o.clock ? { clock: o.clock } : {});
+  const pools = new UpstreamPools({
+    connect: o.connect,
+    connectTimeoutMs,
+    ...(o.connectionsPerService ? { connectionsPerService: o.connectionsPerService } : {}),
+  });
+  const onServices = (services: readonly Service[]): void => {
+    pools.retain(new Set(services.map(serviceKey)));
+    limiter.retain(services);
+  };
+  const ctx: UpgradeContext & HttpProxyContext = {
+    index: new ServiceIndex(o.getState, onServices),
+    authorize: o.authorize,
+    limiter,
+    pools,
+    stats,
+    readTimeoutMs,
+    connect: o.connect,
+    connectTimeoutMs,
+    ...(o.logger ? { logger: o.logger } : {}),
+  };
+
+  const onRequest = (req: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void => {
+    reply.hijack();
+    proxyHttp(ctx, req.raw, reply.raw, plainIp(req.ip), req.protocol).catch((err: unknown) => {
+      o.logger?.error({ err }, 'server proxy failed');
+      sendDetail(req.raw, reply.raw, 500, 'Internal Server Error');
+    });
+    done();
+  };
+  const unreachable = async (): Promise<never> => {
+    throw new Error('the server proxy answers in onRequest');
+  };
+
+  await app.register(
+    async (scope) => {
+      scope.all('/:project/:run', { onRequest }, unreachable);
+      scope.all('/:project/:run/*', { onRequest }, unreachable);
+      scope.setNotFoundHandler((_req, reply) => reply.code(404).send({ detail: 'Not Found' }));
+    },
+    { prefix: SERVICES_PREFIX },
+  );
+
+  const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
+    const s = socket as Duplex & { remoteAddress?: string; encrypted?: boolean };
+    const handled = handleUpgrade(ctx, req, socket, head, plainIp(s.remoteAddress), s.encrypted ? 'https' : 'http');
+    // Alone on the server, nobody else will answer an upgrade elsewhere.
+    if (!handled && app.server.listenerCount('upgrade') === 1) rawReply(socket, 404, { 'Content-Type': 'application/json' }, '{"detail":"Not Found"}');
+  };
+  app.server.on('upgrade', onUpgrade);
+  app.addHook('onClose', async () => {
+    app.server.off('upgrade', onUpgrade);
+    await pools.close();
+  });
+  return { stats, limiter, pools };
+}

@@ -1,0 +1,237 @@
+// The standalone in-server proxy (`dstack-proxy server-proxy`): the document from a database
+// (SQLite or PostgreSQL, watched), the SSH loop in-process with a tunnel for every replica, and
+// one fastify app serving PUT/GET /api/v1/state (the gateway's route module), /proxy/services,
+// /api/stats/collect, /api/v1/status, /healthz and /readyz. Several processes on one
+// PostgreSQL serve the same document: a commit through any of them reaches all within 1 s.
+
+import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import { pino, type Logger } from 'pino';
+import { tokenGuard } from '../api/api-token.js';
+import { createControlServerAuth, noServerAuth, type AuthProvider } from '../api/auth.js';
+import { installErrorHandlers } from '../api/errors.js';
+import type { LoopPlan, Plan, Runtime } from '../api/runtime.js';
+import { stateRoutes } from '../api/state-routes.js';
+import { statsRoutes } from '../api/stats-routes.js';
+import { ProxyError } from '../errors.js';
+import type { Clock } from '../reconcilers/clock.js';
+import { Controller } from '../reconcilers/controller.js';
+import { createSshLoop, NoReadyReplicaError, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
+import type { AnyLoop } from '../reconcilers/types.js';
+import { diffSpecs, MAX_DOCUMENT_BYTES, type ProxyState } from '../spec/index.js';
+import { openStore, redactStoreUrl } from '../state/open-store.js';
+import type { StoredState } from '../state/store.js';
+import type { WatchedStateStore } from '../state/watched-store.js';
+import type { Authorize } from './admit.js';
+import { registerServerProxy, type ServerProxy } from './plugin.js';
+import type { ConnectFn } from './upstream.js';
+
+export interface ServerProxyServerOptions {
+  /** `sqlite:PATH`, `postgres://…`, or a state directory (state.json). */
+  db: string;
+  /** Default 127.0.0.1. */
+  host?: string;
+  /** Default 8080; 0 picks a free port. */
+  port?: number;
+  /** The control server answering `POST /api/projects/<p>/get` (auth: true services). Without it they are refused. */
+  serverUrl?: string;
+  /** Balancer sockets and scratch files. Default a private temporary directory, removed at close. */
+  stateDir?: string;
+  /** Protects /api/v1/* and /api/stats/collect with a bearer token (the file holds it). */
+  apiTokenFile?: string;
+  /** Default 10 s. */
+  connectTimeoutMs?: number;
+  /** Default 300 s. */
+  readTimeoutMs?: number;
+  /** Every loop runs at least this often. Default 60 s. */
+  resyncIntervalMs?: number;
+  logLevel?: string;
+}
+
+/** Mount point for routes that need the same state, auth and connections (the model API). */
+export type ExtraRoutes = (app: FastifyInstance, ctx: { getState: () => ProxyState; authorize: Authorize; connect: ConnectFn }) => Promise<void>;
+
+export interface ServerProxyDeps {
+  logger?: Logger;
+  clock?: Clock;
+  /** SSH loop overrides (tests: short keepalive, reconnect). */
+  ssh?: Partial<SshLoopOptions>;
+  /** Replaces the control-server check (a host server's own). */
+  authorize?: Authorize;
+  /** Store poll interval (SQLite, state.json) / safety-net poll (PostgreSQL). */
+  pollMs?: number;
+  /** Registered after the proxy routes: `/proxy/models/:project/*` goes here. */
+  extraRoutes?: ExtraRoutes;
+}
+
+export interface RunningServerProxy {
+  app: FastifyInstance;
+  /** http://host:port */
+  url: string;
+  store: WatchedStateStore;
+  controller: Controller;
+  ssh: SshLoop;
+  proxy: ServerProxy;
+  /** The generation being served. */
+  current(): StoredState;
+  close(): Promise<void>;
+}
+
+export async function startServerProxy(o: ServerProxyServerOptions, deps: ServerProxyDeps = {}): Promise<RunningServerProxy> {
+  const logger = deps.logger ?? pino({ level: o.logLevel ?? 'info', base: { svc: 'dstack-proxy', mode: 'server-proxy' } });
+  const cleanups: (() => Promise<unknown> | unknown)[] = [];
+  const close = async (): Promise<void> => {
+    for (const c of cleanups.reverse()) await Promise.resolve(c()).catch((err: unknown) => logger.warn({ err }, 'shutdown step failed'));
+    cleanups.length = 0;
+  };
+  try {
+    // 1. The document, and a watch that hands every new generation to the controller.
+    const store = await openStore(o.db, { logger: logger.child({ component: 'store' }), ...(deps.pollMs ? { pollMs: deps.pollMs } : {}) });
+    cleanups.push(() => store.close());
+    let current = await store.read();
+    const apiToken = o.apiTokenFile ? await readApiToken(o.apiTokenFile, logger) : undefined;
+
+    // 2. Tunnels: the SSH loop in-process, eager for every replica; connections via the balancer.
+    let stateDir = o.stateDir ? resolve(o.stateDir) : undefined;
+    if (!stateDir) {
+      const dir = await mkdtemp(join(tmpdir(), 'dstack-proxy-'));
+      stateDir = dir;
+      cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    }
+    const ssh = createSshLoop({ stateDir, ...(deps.ssh ?? {}) });
+    cleanups.push(() => ssh.close());
+    const controller = new Controller({
+      loops: [ssh] as unknown as AnyLoop[],
+      getSpec: () => ({ state: current.state, generation: current.generation }),
+      logger: logger.child({ component: 'controller' }),
+      ...(o.resyncIntervalMs ? { resyncIntervalMs: o.resyncIntervalMs } : {}),
+      ...(deps.clock ? { clock: deps.clock } : {}),
+    });
+    cleanups.push(() => controller.stop());
+    const unwatch = store.watch((next) => {
+      current = next;
+      logger.info({ generation: next.generation, hash: next.hash }, 'serving a new generation');
+      controller.notify();
+    });
+    cleanups.push(unwatch);
+
+    let auth: AuthProvider = noServerAuth;
+    if (o.serverUrl) {
+      auth = createControlServerAuth({ serverUrl: o.serverUrl, logger: logger.child({ component: 'auth' }), ...(deps.clock ? { clock: deps.clock } : {}) });
+      cleanups.push(() => auth.close());
+    }
+    const authorize: Authorize = deps.authorize ?? ((project, token) => auth.check(project, token));
+    const connect = balancerConnect(ssh);
+
+    // 3. The HTTP app.
+    const app = Fastify({
+      loggerInstance: logger.child({ component: 'api' }) as FastifyBaseLogger,
+      bodyLimit: MAX_DOCUMENT_BYTES,
+      logController: new LogController({ disableRequestLogging: true }),
+    });
+    cleanups.push(() => app.close());
+    installErrorHandlers(app);
+    const guard = tokenGuard(apiToken);
+    let ready = false;
+    const runtime: Runtime = {
+      store,
+      plan: (next, base) => planOf(controller, next, base),
+      // A write through this process is reported by the watch too; reading here only makes it sooner.
+      notify() {
+        void store.read().then((s) => {
+          if (s.generation > current.generation) {
+            current = s;
+            controller.notify();
+          }
+        });
+      },
+      status: () => controller.statuses(),
+      isReady: () => ready,
+    };
+    await app.register(stateRoutes, { runtime, guard });
+    const getState = (): ProxyState => current.state;
+    const proxy = await registerServerProxy(app, {
+      getState,
+      connect,
+      authorize,
+      logger: logger.child({ component: 'proxy' }),
+      ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
+      ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
+      ...(deps.clock ? { clock: deps.clock } : {}),
+    });
+    await app.register(statsRoutes, { collector: proxy.stats, getState, guard });
+    if (deps.extraRoutes) await deps.extraRoutes(app, { getState, authorize, connect });
+    app.get('/api/v1/status', { onRequest: guard }, async () => {
+      const snapshot = controller.statuses();
+      return {
+        generation: current.generation,
+        hash: current.hash,
+        ready,
+        observedGeneration: snapshot.generation,
+        store: store.health(),
+        loops: snapshot.loops,
+      };
+    });
+    app.get('/healthz', async () => ({ status: 'ok' }));
+    app.get('/readyz', async (_req, reply) => {
+      if (ready) return { status: 'ready' };
+      return reply.code(503).send({ code: 'DP_ERR_NOT_READY', message: 'the first reconcile pass has not finished' });
+    });
+
+    // 4. Listen, then the first pass (tunnels opening; /readyz says so until it is done).
+    const host = o.host ?? '127.0.0.1';
+    await app.listen({ host, port: o.port ?? 8080 });
+    const port = (app.server.address() as { port: number }).port;
+    await controller.start();
+    ready = true;
+    const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+    logger.info({ url, db: redactStoreUrl(o.db), generation: current.generation }, 'server proxy listening');
+    return { app, url, store, controller, ssh, proxy, current: () => current, close };
+  } catch (err) {
+    await close();
+    throw err;
+  }
+}
+
+/**
+ * balancer.connect, with one refinement: when Ready replicas existed but every one refused,
+ * that is the replica's failure (502), not "no Ready replica" (503). The balancer does not say
+ * which it was, so the open-failure counter tells (a concurrent failure may be misattributed).
+ */
+function balancerConnect(ssh: SshLoop): ConnectFn {
+  return async (key) => {
+    const before = ssh.balancer.stats.openFailures;
+    try {
+      return await ssh.balancer.connect(key);
+    } catch (err) {
+      if (err instanceof NoReadyReplicaError && ssh.balancer.stats.openFailures > before) {
+        throw Object.assign(new Error(`every Ready replica of ${key} refused the connection`), { status: 502 });
+      }
+      throw err;
+    }
+  };
+}
+
+async function planOf(controller: Controller, next: ProxyState, base: ProxyState): Promise<Plan> {
+  const actions = await controller.dryRun(next);
+  const loops: Record<string, LoopPlan> = {};
+  for (const [name, list] of Object.entries(actions)) {
+    loops[name] = { actions: list.map((a) => ({ key: a.key, kind: a.kind, summary: a.summary, ...(a.diff ? { diff: a.diff } : {}) })) };
+  }
+  return { document: diffSpecs(base, next), loops };
+}
+
+async function readApiToken(file: string, logger: Logger): Promise<string> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `cannot read --api-token-file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
+  }
+  const token = text.trim();
+  if (token.length < 16) throw new ProxyError('DP_ERR_BAD_OPTION', `--api-token-file ${file}: the token must be at least 16 characters`);
+  if (((await stat(file)).mode & 0o077) !== 0) logger.warn({ file }, 'the API token file is readable by group or others; chmod 600 it');
+  return token;
+}

@@ -1,0 +1,119 @@
+// Connections to replicas: `connect(serviceKey)` (the SSH loop's balancer: a Ready replica by
+// least connections, another one when opening fails) wrapped with a connect timeout, and one
+// undici Pool per service whose connector is that function, so keep-alive connections over
+// tunnels are reused across requests. Errors are mapped to the proxy's statuses here.
+
+import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { Pool } from 'undici';
+
+export type ConnectFn = (serviceKey: string) => Promise<Duplex>;
+
+export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000; // 10 s
+export const DEFAULT_READ_TIMEOUT_MS = 300_000; // 300 s
+export const DEFAULT_CONNECTIONS_PER_SERVICE = 256;
+
+/** The connect timeout passed before a stream was open. */
+export class UpstreamConnectTimeoutError extends Error {
+  readonly code = 'DP_UPSTREAM_CONNECT_TIMEOUT';
+  constructor(service: string, ms: number) {
+    super(`opening a connection to ${service} took longer than ${ms} ms`);
+    this.name = 'UpstreamConnectTimeoutError';
+  }
+}
+
+/** `connect` with a deadline; a stream that opens after it is destroyed. */
+export function connectWithTimeout(connect: ConnectFn, serviceKey: string, ms: number): Promise<Duplex> {
+  return new Promise((resolve, reject) => {
+    let done = false;
+    const timer = setTimeout(() => {
+      done = true;
+      reject(new UpstreamConnectTimeoutError(serviceKey, ms));
+    }, ms);
+    connect(serviceKey).then(
+      (stream) => {
+        clearTimeout(timer);
+        if (done) stream.destroy();
+        else resolve(stream);
+      },
+      (err: unknown) => {
+        clearTimeout(timer);
+        if (!done) reject(err instanceof Error ? err : new Error(String(err)));
+      },
+    );
+  });
+}
+
+export interface UpstreamError {
+  status: 502 | 503 | 504;
+  detail: string;
+}
+
+/** What the client is told when no response headers came from the replica. */
+export function upstreamError(err: unknown, serviceKey: string): UpstreamError {
+  const e = err as { code?: string; status?: number; name?: string; message?: string };
+  if (e?.code === 'DP_UPSTREAM_CONNECT_TIMEOUT' || e?.code === 'UND_ERR_HEADERS_TIMEOUT' || e?.code === 'UND_ERR_CONNECT_TIMEOUT') {
+    return { status: 504, detail: 'Timed out requesting upstream' };
+  }
+  if (e?.status === 503 || e?.name === 'NoReadyReplicaError') {
+    return { status: 503, detail: `Service ${serviceKey} has no ready replica` };
+  }
+  return { status: 502, detail: 'Error requesting upstream' };
+}
+
+export interface UpstreamPoolsOptions {
+  connect: ConnectFn;
+  connectTimeoutMs: number;
+  connectionsPerService?: number;
+  /** Idle keep-alive connections are closed after this. Default 4 s (undici's). */
+  keepAliveTimeoutMs?: number;
+}
+
+/** One undici Pool per service key, created on first use, closed when the service leaves. */
+export class UpstreamPools {
+  readonly #o: UpstreamPoolsOptions;
+  readonly #pools = new Map<string, Pool>();
+  #seq = 0;
+
+  constructor(o: UpstreamPoolsOptions) {
+    this.#o = o;
+  }
+
+  get size(): number {
+    return this.#pools.size;
+  }
+
+  get(serviceKey: string): Pool {
+    let pool = this.#pools.get(serviceKey);
+    if (pool) return pool;
+    const { connect, connectTimeoutMs } = this.#o;
+    // The origin is only a pool label: the Host header is always the client's.
+    pool = new Pool(`http://svc-${++this.#seq}.server-proxy.internal`, {
+      connections: this.#o.connectionsPerService ?? DEFAULT_CONNECTIONS_PER_SERVICE,
+      keepAliveTimeout: this.#o.keepAliveTimeoutMs ?? 4_000,
+      connect: (_opts, callback) => {
+        connectWithTimeout(connect, serviceKey, connectTimeoutMs).then(
+          (stream) => callback(null, stream as unknown as Socket),
+          (err: Error) => callback(err, null),
+        );
+      },
+    });
+    this.#pools.set(serviceKey, pool);
+    return pool;
+  }
+
+  /** Close the pools of services not in `keep` (their in-flight requests finish first). */
+  retain(keep: ReadonlySet<string>): void {
+    for (const [key, pool] of this.#pools) {
+      if (keep.has(key)) continue;
+      this.#pools.delete(key);
+      void pool.close().catch(() => undefined);
+    }
+  }
+
+  async close(): Promise<void> {
+    const pools = [...this.#pools.values()];
+    this.#pools.clear();
+    await Promise.all(pools.map((p) => p.destroy().catch(() => undefined)));
+  }
+}

@@ -1,0 +1,70 @@
+// WebSocket (and any other Upgrade) through the in-server proxy, which dstack refuses:
+// the same admission as HTTP, then the handshake is written to a fresh connection from
+// connect(serviceKey) and both sockets are piped until either side closes. The replica's
+// 101 (or refusal) reaches the client byte for byte.
+
+import type { IncomingMessage } from 'node:http';
+import { STATUS_CODES } from 'node:http';
+import { Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
+import type { Duplex } from 'node:stream';
+import { admit } from './admit.js';
+import { upstreamRequestHeaders } from './headers.js';
+import type { HttpProxyContext } from './http-proxy.js';
+import { parseProxyTarget, upstreamTarget } from './paths.js';
+import { connectWithTimeout, upstreamError, type ConnectFn } from './upstream.js';
+
+export interface UpgradeContext extends HttpProxyContext {
+  connect: ConnectFn;
+  connectTimeoutMs: number;
+}
+
+export function rawReply(socket: Duplex, status: number, headers: Record<string, string>, body = ''): void {
+  const lines = [`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}`];
+  for (const [k, v] of Object.entries({ ...headers, 'Content-Length': String(Buffer.byteLength(body)), Connection: 'close' })) lines.push(`${k}: ${v}`);
+  socket.end(`${lines.join('\r\n')}\r\n\r\n${body}`);
+}
+
+function rawDetail(socket: Duplex, status: number, detail: string): void {
+  rawReply(socket, status, { 'Content-Type': 'application/json' }, JSON.stringify({ detail }));
+}
+
+/** True when the upgrade was ours (a /proxy/services path). */
+export function handleUpgrade(ctx: UpgradeContext, req: IncomingMessage, socket: Duplex, head: Buffer, clientIp: string, proto: string): boolean {
+  const t = parseProxyTarget(req.url ?? '/');
+  if (!t) return false;
+  socket.on('error', () => socket.destroy());
+  void (async () => {
+    const started = performance.now();
+    if (t.rest === '') {
+      const host = req.headers.host;
+      return rawReply(socket, 308, { Location: `${host ? `${proto}://${host}` : ''}${t.path}/${t.query}` });
+    }
+    const a = await admit(ctx, t, req.headers, clientIp);
+    if (!a.ok) return rawDetail(socket, a.status, a.detail);
+    let up: Duplex;
+    try {
+      up = await connectWithTimeout(ctx.connect, a.key, ctx.connectTimeoutMs);
+    } catch (err) {
+      const e = upstreamError(err, a.key);
+      return rawDetail(socket, e.status, e.detail);
+    }
+    if (socket.destroyed) return void up.destroy();
+    const h = upstreamRequestHeaders(req.rawHeaders, { clientIp, proto, dropAuthorization: a.service.auth, upgrade: true });
+    let text = `${req.method ?? 'GET'} ${upstreamTarget(t, a.service.stripPrefix)} HTTP/1.1\r\n`;
+    for (let i = 0; i < h.length; i += 2) text += `${h[i]}: ${h[i + 1]}\r\n`;
+    up.write(`${text}\r\n`);
+    if (head.length > 0) up.write(head);
+    ctx.stats.record(a.key, performance.now() - started);
+    if (socket instanceof Socket) socket.setNoDelay(true);
+    up.on('error', () => up.destroy());
+    up.once('close', () => socket.destroy());
+    socket.once('close', () => up.destroy());
+    socket.pipe(up);
+    up.pipe(socket);
+  })().catch((err: unknown) => {
+    ctx.logger?.error({ err }, 'WebSocket proxy failed');
+    socket.destroy();
+  });
+  return true;
+}

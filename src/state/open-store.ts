@@ -1,0 +1,66 @@
+// `--db` → a state store: `sqlite:PATH` (also sqlite:///abs/path), `postgres://…` /
+// `postgresql://…`, or a state directory (`file:DIR` or a bare path) holding state.json.
+
+import type { Logger } from 'pino';
+import { ProxyError } from '../errors.js';
+import { openPostgresStore, type PostgresStoreOptions } from './postgres-store.js';
+import { openSqliteStore } from './sqlite-store.js';
+import { openWatchedFileStore } from './watched-file-store.js';
+import type { WatchedStateStore } from './watched-store.js';
+
+export type StoreLocation =
+  | { kind: 'sqlite'; path: string }
+  | { kind: 'postgres'; connectionString: string }
+  | { kind: 'file'; stateDir: string };
+
+export function parseStoreUrl(url: string): StoreLocation {
+  const text = url.trim();
+  if (!text) throw new ProxyError('DP_ERR_BAD_OPTION', 'the database URL is empty');
+  if (/^sqlite:/i.test(text)) {
+    let file = text.slice('sqlite:'.length);
+    if (file.startsWith('//')) file = file.slice(2); // sqlite:///abs/path, sqlite://./rel
+    if (!file) throw new ProxyError('DP_ERR_BAD_OPTION', `no file in ${url} (sqlite:PATH)`);
+    return { kind: 'sqlite', path: file };
+  }
+  if (/^postgres(ql)?:\/\//i.test(text)) return { kind: 'postgres', connectionString: text };
+  if (/^file:/i.test(text)) {
+    const dir = text.slice('file:'.length).replace(/^\/\/(?=\/)/, '');
+    if (!dir) throw new ProxyError('DP_ERR_BAD_OPTION', `no directory in ${url} (file:DIR)`);
+    return { kind: 'file', stateDir: dir };
+  }
+  if (/^[a-z][a-z0-9+.-]*:\/\//i.test(text)) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `unsupported database URL ${redactStoreUrl(text)}: use sqlite:PATH, postgres://… or a state directory`);
+  }
+  return { kind: 'file', stateDir: text };
+}
+
+export interface OpenStoreOptions {
+  logger?: Logger;
+  clock?: { now(): number };
+  /** Watch poll interval for SQLite and state.json (default 250 ms); the safety-net poll for PostgreSQL (default 5 s). */
+  pollMs?: number;
+  /** Extra PostgreSQL settings (pool size, reconnect backoff, SSL via config). */
+  postgres?: Omit<PostgresStoreOptions, 'connectionString' | 'logger' | 'clock' | 'pollMs'>;
+}
+
+export function openStore(url: string, options: OpenStoreOptions = {}): Promise<WatchedStateStore> {
+  const where = parseStoreUrl(url);
+  const common = {
+    ...(options.logger ? { logger: options.logger } : {}),
+    ...(options.clock ? { clock: options.clock } : {}),
+    ...(options.pollMs ? { pollMs: options.pollMs } : {}),
+  };
+  switch (where.kind) {
+    case 'sqlite':
+      return openSqliteStore({ path: where.path, ...common });
+    case 'postgres':
+      return openPostgresStore({ ...options.postgres, connectionString: where.connectionString, ...common });
+    case 'file':
+      return openWatchedFileStore({ stateDir: where.stateDir, ...common });
+  }
+}
+
+/** The URL with any password replaced, for logs and error messages. */
+export function redactStoreUrl(url: string): string {
+  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/[^:/@]*:)[^@/]*@/i, '$1***@');
+}

@@ -1,0 +1,129 @@
+// The gateway's state.json store (file-store.ts) with the WatchedStateStore additions, so
+// every store can be opened by URL and watched the same way. state.json changed behind our
+// back (another process, a restore) is picked up by polling its stat signature every 250 ms;
+// an invalid file is reported by health() and the last good document stays current.
+
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import type { Logger } from 'pino';
+import type { ProxyState } from '../spec/index.js';
+import { STATE_FILE, loadStateFile, openFileStore, type FileStoreOptions } from './file-store.js';
+import type { StateStore, StoredState, WriteOptions, WriteResult } from './store.js';
+import { RowTracker, type ChangeListener, type StoreHealth, type WatchedStateStore } from './watched-store.js';
+import { ProxyError } from '../errors.js';
+
+export interface WatchedFileStoreOptions extends FileStoreOptions {
+  /** How often watchers stat state.json. Default 250 ms. */
+  pollMs?: number;
+  logger?: Logger;
+}
+
+export async function openWatchedFileStore(options: WatchedFileStoreOptions): Promise<WatchedStateStore> {
+  const inner = await openFileStore(options);
+  const store = new WatchedFileStore(inner, options);
+  await store.read();
+  return store;
+}
+
+class WatchedFileStore implements WatchedStateStore {
+  readonly kind = 'file' as const;
+  private readonly tracker: RowTracker;
+  private readonly file: string;
+  /** ino:size:mtime of the state.json last loaded or written. */
+  private signature: string | undefined;
+  private queue: Promise<unknown> = Promise.resolve();
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    private inner: StateStore,
+    private readonly options: WatchedFileStoreOptions,
+  ) {
+    this.tracker = new RowTracker('file', options.logger, options.clock ?? Date);
+    this.file = path.join(options.stateDir, STATE_FILE);
+  }
+
+  read(): Promise<StoredState> {
+    return this.serialised(async () => {
+      await this.refresh();
+      const good = this.tracker.current;
+      if (!good) throw new ProxyError('DP_ERR_STATE_CORRUPT', this.tracker.health().lastError?.message ?? `${this.file} is invalid`);
+      return good;
+    });
+  }
+
+  write(state: ProxyState, options?: WriteOptions): Promise<WriteResult> {
+    return this.serialised(async () => {
+      await this.refresh();
+      const result = await this.inner.write(state, options);
+      if (result.changed) {
+        this.signature = await signature(this.file);
+        this.tracker.wrote(await this.inner.read());
+      }
+      return result;
+    });
+  }
+
+  watch(listener: ChangeListener): () => void {
+    const unsubscribe = this.tracker.subscribe(listener);
+    if (!this.timer) {
+      this.timer = setInterval(() => void this.serialised(() => this.refresh()).catch(() => undefined), this.options.pollMs ?? 250);
+      this.timer.unref();
+    }
+    return () => {
+      unsubscribe();
+      if (!this.tracker.watched && this.timer) {
+        clearInterval(this.timer);
+        this.timer = undefined;
+      }
+    };
+  }
+
+  health(): StoreHealth {
+    return this.tracker.health();
+  }
+
+  async close(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
+    await this.queue;
+    await this.inner.close();
+  }
+
+  /** Load state.json again if its signature changed since we last loaded or wrote it. */
+  private async refresh(): Promise<void> {
+    const sig = await signature(this.file);
+    if (sig === this.signature) return;
+    this.signature = sig;
+    let loaded: StoredState;
+    try {
+      loaded = await loadStateFile(this.file);
+    } catch (err) {
+      this.tracker.reject(`${(err as Error).message}; serving the last good generation`);
+      return;
+    }
+    const good = this.tracker.current;
+    if (good && (loaded.generation !== good.generation || loaded.hash !== good.hash)) {
+      // Written by someone else: the inner store's cached generation is stale.
+      const stale = this.inner;
+      this.inner = await openFileStore(this.options);
+      await stale.close();
+    }
+    this.tracker.wrote(loaded);
+  }
+
+  private serialised<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(fn);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+}
+
+async function signature(file: string): Promise<string> {
+  try {
+    const s = await fs.stat(file, { bigint: true });
+    return `${s.ino}:${s.size}:${s.mtimeNs}`;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return 'missing';
+    throw err;
+  }
+}

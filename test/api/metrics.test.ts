@@ -1,0 +1,182 @@
+// /metrics over a real gateway (private Nginx): the text is valid Prometheus exposition format
+// and the figures move (a reload → reload counter +1, requests → service counter).
+
+import type { Server } from 'node:http';
+import Fastify, { type FastifyInstance } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createMetrics, metricsRoutes, type Metrics } from '../../src/api/metrics.js';
+import { startGateway, type Gateway } from '../../src/gateway/gateway.js';
+import { resolveOptions } from '../../src/gateway/options.js';
+import { createStatsCollector, type StatsCollector } from '../../src/reconcilers/stats/index.js';
+import { close, request, startEcho } from '../helpers/http.js';
+import { eventually } from '../helpers/nginx.js';
+import { freePorts } from '../helpers/ports.js';
+import { tmpDir } from '../helpers/tmp.js';
+
+interface Sample {
+  name: string;
+  labels: Record<string, string>;
+  value: number;
+}
+
+/**
+ * A strict reader of the text format 0.0.4: HELP/TYPE lines, then `name{l="v",…} value`. Values
+ * as Prometheus's own parser (Go's ParseFloat) takes them: prom-client writes NaN as "Nan".
+ */
+export function parseExposition(text: string): { types: Map<string, string>; samples: Sample[] } {
+  const types = new Map<string, string>();
+  const samples: Sample[] = [];
+  const NAME = '[a-zA-Z_:][a-zA-Z0-9_:]*';
+  const sampleRe = new RegExp(`^(${NAME})(?:\\{(.*)\\})? (-?[0-9.eE+-]+|[Nn]a[Nn]|[+-]?Inf)(?: -?\\d+)?$`);
+  const labelRe = /^([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(?:,|$)/;
+  expect(text.endsWith('\n')).toBe(true);
+  for (const line of text.slice(0, -1).split('\n')) {
+    if (line === '') continue;
+    let m: RegExpExecArray | null;
+    if ((m = new RegExp(`^# HELP (${NAME}) .*$`).exec(line))) continue;
+    if ((m = new RegExp(`^# TYPE (${NAME}) (counter|gauge|histogram|summary|untyped)$`).exec(line))) {
+      expect(types.has(m[1]!), `TYPE twice for ${m[1]}`).toBe(false);
+      types.set(m[1]!, m[2]!);
+      continue;
+    }
+    m = sampleRe.exec(line);
+    if (!m) throw new Error(`not a valid exposition line: ${line}`);
+    const labels: Record<string, string> = {};
+    let rest = m[2] ?? '';
+    while (rest !== '') {
+      const l = labelRe.exec(rest);
+      if (!l) throw new Error(`bad labels in: ${line}`);
+      labels[l[1]!] = l[2]!;
+      rest = rest.slice(l[0].length);
+    }
+    const base = m[1]!.replace(/_(bucket|sum|count|total|created)$/, '');
+    if (!types.has(m[1]!) && !types.has(base)) throw new Error(`sample without TYPE: ${line}`);
+    samples.push({ name: m[1]!, labels, value: Number(m[3]) });
+  }
+  return { types, samples };
+}
+
+let tmp: ReturnType<typeof tmpDir>;
+let gw: Gateway;
+let echo: Server;
+let echoPort: number;
+let httpPort: number;
+let sc: StatsCollector;
+let metrics: Metrics;
+let app: FastifyInstance;
+
+async function scrape(): Promise<{ types: Map<string, string>; value: (name: string, labels?: Record<string, string>) => number | undefined }> {
+  const r = await app.inject({ method: 'GET', url: '/metrics' });
+  expect(r.statusCode).toBe(200);
+  expect(r.headers['content-type']).toMatch(/^text\/plain; version=0\.0\.4/);
+  const { types, samples } = parseExposition(r.body);
+  return {
+    types,
+    value: (name, labels = {}) => samples.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value,
+  };
+}
+
+function doc(runs: string[]) {
+  return {
+    apiVersion: 'proxy.dstack.ai/v1alpha1',
+    kind: 'ProxyState',
+    spec: {
+      projects: [{ name: 'main' }],
+      services: runs.map((run) => ({
+        project: 'main',
+        run,
+        domain: `${run}.gw.test`,
+        https: false,
+        auth: false,
+        replicas: [{ id: `r-${run}`, appPort: 8000, direct: { host: '127.0.0.1', port: echoPort } }],
+      })),
+    },
+  };
+}
+
+beforeAll(async () => {
+  tmp = tmpDir('dp-metrics-');
+  const [hp, httpsPort, p] = (await freePorts(3)) as [number, number, number];
+  echoPort = p;
+  httpPort = hp;
+  echo = await startEcho('replica', { port: echoPort });
+  const options = resolveOptions({
+    flags: { stateDir: tmp.dir, apiPort: '0', httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', logLevel: 'silent' },
+  });
+  gw = await startGateway(options);
+  sc = createStatsCollector({ accessLogPath: gw.paths.accessLog, startAt: 'start' });
+  metrics = createMetrics({
+    loops: () => gw.controller.counters(),
+    nginx: () => gw.nginxStats,
+    generation: async () => (await gw.store.read()).generation,
+    services: async () => sc.totals((await gw.store.read()).state),
+    accessLog: () => sc.counters(),
+  });
+  app = Fastify();
+  await app.register(metricsRoutes, { metrics });
+});
+
+afterAll(async () => {
+  await app?.close();
+  await sc?.stop();
+  await gw?.close();
+  if (echo) await close(echo);
+  tmp?.cleanup();
+});
+
+describe('GET /metrics', () => {
+  it('is valid exposition text with every metric family typed', async () => {
+    const m = await scrape();
+    for (const [name, type] of [
+      ['dstack_proxy_reconcile_passes_total', 'counter'],
+      ['dstack_proxy_reconcile_last_pass_duration_seconds', 'gauge'],
+      ['dstack_proxy_nginx_reloads_total', 'counter'],
+      ['dstack_proxy_nginx_last_reload_success_timestamp_seconds', 'gauge'],
+      ['dstack_proxy_document_generation', 'gauge'],
+      ['dstack_proxy_service_requests_total', 'counter'],
+      ['dstack_proxy_tunnel_up', 'gauge'],
+      ['dstack_proxy_certificate_expiry_timestamp_seconds', 'gauge'],
+    ]) {
+      expect(m.types.get(name!), name).toBe(type);
+    }
+    expect(m.value('dstack_proxy_reconcile_passes_total', { loop: 'nginx' })).toBeGreaterThanOrEqual(1);
+    expect(m.value('dstack_proxy_document_generation')).toBe(0);
+  });
+
+  it('a new document → one reload → reload counter +1, generation +1; requests move the service counter', async () => {
+    const before = await scrape();
+    const reloads = before.value('dstack_proxy_nginx_reloads_total') ?? 0;
+    const put = await gw.app.inject({ method: 'PUT', url: '/api/v1/state', payload: doc(['alpha']) });
+    expect(put.statusCode).toBe(200);
+    await eventually(() => (gw.nginxStats.reloads > reloads ? true : undefined));
+    const after = await scrape();
+    expect(after.value('dstack_proxy_nginx_reloads_total')).toBe(reloads + 1);
+    expect(after.value('dstack_proxy_nginx_reload_failures_total')).toBe(0);
+    expect(after.value('dstack_proxy_nginx_last_reload_success_timestamp_seconds')).toBeGreaterThan(Date.now() / 1000 - 600);
+    expect(after.value('dstack_proxy_document_generation')).toBe(1);
+    expect(after.value('dstack_proxy_service_requests_total', { project: 'main', run: 'alpha' })).toBe(0);
+
+    for (let i = 0; i < 7; i++) {
+      const rr = await request({ port: httpPort, host: 'alpha.gw.test', localAddress: '127.0.0.2' });
+      expect(rr.status).toBe(200);
+    }
+    await eventually(async () => {
+      await sc.poll();
+      return sc.counters().hits >= 7 ? true : undefined;
+    });
+    const moved = await scrape();
+    expect(moved.value('dstack_proxy_service_requests_total', { project: 'main', run: 'alpha' })).toBe(7);
+    expect(moved.value('dstack_proxy_service_request_duration_seconds_total', { project: 'main', run: 'alpha' })).toBeGreaterThanOrEqual(0);
+    expect(moved.value('dstack_proxy_access_log_lines_total')).toBeGreaterThanOrEqual(7);
+  });
+
+  it('tunnel and certificate sources set later show up at the next scrape', async () => {
+    metrics.sources.tunnels = () => [{ service: 'main/alpha', replica: 'r1', state: 'Ready', reconnects: 2 }];
+    metrics.sources.certificates = () => [{ domain: 'alpha.gw.test', notAfter: Date.UTC(2030, 0, 1), failedAttempts: 1 }];
+    const m = await scrape();
+    expect(m.value('dstack_proxy_tunnel_up', { service: 'main/alpha', replica: 'r1' })).toBe(1);
+    expect(m.value('dstack_proxy_tunnel_reconnects_total', { replica: 'r1' })).toBe(2);
+    expect(m.value('dstack_proxy_certificate_expiry_timestamp_seconds', { domain: 'alpha.gw.test' })).toBe(Date.UTC(2030, 0, 1) / 1000);
+    expect(m.value('dstack_proxy_certificate_failed_attempts_total', { domain: 'alpha.gw.test' })).toBe(1);
+  });
+});

@@ -1,0 +1,113 @@
+// A running SSH loop under the real controller, a spec to edit, and HTTP through the sockets.
+
+import { request } from 'node:http';
+import { pino } from 'pino';
+import { Controller } from '../../../src/reconcilers/controller.js';
+import type { Condition } from '../../../src/reconcilers/conditions.js';
+import { createSshLoop, replicaObjectKey, type SshLoop, type SshLoopOptions } from '../../../src/reconcilers/ssh/index.js';
+import type { AnyLoop } from '../../../src/reconcilers/types.js';
+import { emptyState, type ProxyState, type Replica } from '../../../src/spec/types.js';
+import { eventually } from '../../helpers/nginx.js';
+import { tmpDir } from '../../helpers/tmp.js';
+
+export interface Reply {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: string;
+}
+
+export function specOf(projectKey: string, services: Record<string, Replica[]>): ProxyState {
+  const state = emptyState();
+  state.spec.projects = [{ name: 'main', sshPrivateKey: projectKey }];
+  state.spec.services = Object.entries(services).map(([run, replicas]) => ({
+    project: 'main',
+    run,
+    https: false,
+    auth: false,
+    clientMaxBodySize: 1024,
+    stripPrefix: true,
+    rateLimits: [],
+    replicas,
+  }));
+  return state;
+}
+
+export interface Harness {
+  loop: SshLoop;
+  controller: Controller;
+  /** Store a new spec (a new generation) and wait for the passes to finish. */
+  put(state: ProxyState): Promise<void>;
+  /** A resync: a pass with the same generation. */
+  resync(): Promise<void>;
+  conditions(serviceKey: string, replicaId: string): Condition[] | undefined;
+  ready(serviceKey: string, replicaId: string): Condition | undefined;
+  /** Waits until the replica's Ready condition has `reason`. */
+  waitReason(serviceKey: string, replicaId: string, reason: string, timeoutMs?: number): Promise<Condition>;
+  get(serviceKey: string, path?: string): Promise<Reply>;
+  close(): Promise<void>;
+}
+
+export async function startHarness(initial: ProxyState, opts: Partial<SshLoopOptions> = {}): Promise<Harness> {
+  const { dir, cleanup } = tmpDir('dp-ssh-');
+  let current = { state: initial, generation: 1 };
+  const loop = createSshLoop({
+    stateDir: dir,
+    keepaliveIntervalMs: 500,
+    keepaliveCountMax: 3,
+    reconnect: { baseMs: 200, maxMs: 1_000 },
+    probeIntervalMs: 1_000,
+    channelOpenTimeoutMs: 5_000,
+    drainMs: 2_000,
+    ...opts,
+  });
+  const controller = new Controller({ loops: [loop as unknown as AnyLoop], getSpec: () => current, logger: pino({ level: 'silent' }) });
+  await controller.start();
+  const conditions = (sk: string, id: string): Condition[] | undefined => controller.statuses().loops.ssh?.objects[replicaObjectKey(sk, id)];
+  const ready = (sk: string, id: string): Condition | undefined => conditions(sk, id)?.find((c) => c.type === 'Ready');
+  return {
+    loop,
+    controller,
+    async put(state) {
+      current = { state, generation: current.generation + 1 };
+      controller.notify();
+      await controller.whenIdle();
+    },
+    async resync() {
+      await controller.reconcileAll();
+      await controller.whenIdle();
+    },
+    conditions,
+    ready,
+    waitReason: (sk, id, reason, timeoutMs = 20_000) =>
+      eventually(() => {
+        const c = ready(sk, id);
+        return c?.reason === reason ? c : undefined;
+      }, timeoutMs).catch((err: unknown) => {
+        throw new Error(`${sk}/${id} never reached ${reason} (last: ${JSON.stringify(ready(sk, id))}): ${String(err)}`);
+      }),
+    get: (sk, path = '/') => httpOverSocket(loop.balancer.socketPathFor(sk), path),
+    async close() {
+      await controller.stop();
+      await loop.close();
+      cleanup();
+    },
+  };
+}
+
+export function httpOverSocket(socketPath: string, path = '/'): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const req = request({ socketPath, path, agent: false, headers: { host: 'svc.test' } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** The `name` an echo backend put in its reply. */
+export function echoName(r: Reply): string {
+  return (JSON.parse(r.body) as { name: string }).name;
+}

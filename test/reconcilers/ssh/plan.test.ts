@@ -1,0 +1,99 @@
+// The pure half of the SSH loop: desired from the spec, plan against what is held.
+
+import { describe, expect, it } from 'vitest';
+import { createSshLoop } from '../../../src/reconcilers/ssh/index.js';
+import { HostKeyBook, sha256Fingerprint } from '../../../src/reconcilers/ssh/host-keys.js';
+import { unavailableResponse } from '../../../src/reconcilers/ssh/balancer.js';
+import { desiredFromSpec, describeTarget } from '../../../src/reconcilers/ssh/targets.js';
+import type { StatusSnapshot } from '../../../src/reconcilers/types.js';
+import { specOf } from './harness.js';
+
+const KEY = '-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n-----END OPENSSH PRIVATE KEY-----\n';
+const ssh = { host: '10.0.0.1', port: 22, user: 'ubuntu' };
+const none: StatusSnapshot = { generation: 1, loops: {} };
+
+describe('desiredFromSpec', () => {
+  it('orders hops head proxy → proxy → destination, with per-hop keys defaulting to the project key', () => {
+    const d = desiredFromSpec(
+      specOf(KEY, {
+        app: [{ id: 'r1', appPort: 8000, ssh, sshProxy: { host: 'jump', port: 2222, user: 'root' }, sshHeadProxy: { host: 'bastion', port: 22, user: 'b', privateKey: 'HEADKEY' } }],
+      }),
+    );
+    const t = d.replicas.get('r1')!.target;
+    expect(t.kind === 'ssh' && t.hops.map((h) => [h.host, h.privateKey])).toEqual([['bastion', 'HEADKEY'], ['jump', KEY], ['10.0.0.1', KEY]]);
+    expect(describeTarget(t)).toBe('b@bastion:22 → root@jump:2222 → ubuntu@10.0.0.1:22 → localhost:8000');
+    expect(describeTarget(t)).not.toContain('KEY');
+  });
+
+  it('changes the fingerprint when a connection parameter or key changes, not otherwise', () => {
+    const fp = (spec: ReturnType<typeof specOf>) => desiredFromSpec(spec).replicas.get('r1')!.fingerprint;
+    const base = fp(specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] }));
+    expect(fp(specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] }))).toBe(base);
+    expect(fp(specOf(KEY, { app: [{ id: 'r1', appPort: 8001, ssh }] }))).not.toBe(base);
+    expect(fp(specOf(KEY + 'x', { app: [{ id: 'r1', appPort: 8000, ssh }] }))).not.toBe(base);
+    expect(fp(specOf(KEY, { other: [{ id: 'r1', appPort: 8000, ssh }] }))).not.toBe(base);
+  });
+
+  it('reports a replica without a usable key as a problem', () => {
+    const d = desiredFromSpec(specOf('', { app: [{ id: 'r1', appPort: 8000, ssh }] }));
+    expect(d.replicas.get('r1')!.problem).toMatch(/no private key/);
+  });
+});
+
+describe('plan', () => {
+  const loop = createSshLoop({ stateDir: '/nonexistent' });
+  const spec = specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }, { id: 'r2', appPort: 8000, direct: { host: '10.0.0.2', port: 8000 } }] });
+  const desired = loop.desired(spec, none);
+
+  it('creates a socket per service and a tunnel per replica from nothing', () => {
+    const actions = loop.plan(desired, { services: new Set(), replicas: new Map() });
+    expect(actions.map((a) => `${a.kind} ${a.key}`)).toEqual(['create service:main/app', 'create replica:r1', 'create replica:r2']);
+    for (const a of actions) expect(a.summary).not.toContain('secret');
+  });
+
+  it('plans nothing when what is held matches', () => {
+    const replicas = new Map([...desired.replicas].map(([id, d]) => [id, { serviceKey: d.serviceKey, fingerprint: d.fingerprint }]));
+    expect(loop.plan(desired, { services: new Set(['main/app']), replicas })).toEqual([]);
+  });
+
+  it('reopens a changed replica and closes removed ones and their services', () => {
+    const actions = loop.plan(loop.desired(specOf(KEY, { app: [{ id: 'r1', appPort: 9000, ssh }] }), none), {
+      services: new Set(['main/app', 'main/gone']),
+      replicas: new Map([
+        ['r1', { serviceKey: 'main/app', fingerprint: 'old' }],
+        ['r9', { serviceKey: 'main/gone', fingerprint: 'x' }],
+      ]),
+    });
+    expect(actions.map((a) => `${a.kind} ${a.key}`)).toEqual(['delete service:main/gone', 'update replica:r1', 'delete replica:r9']);
+  });
+});
+
+describe('host keys', () => {
+  const k1 = Buffer.from('key-one');
+  const k2 = Buffer.from('key-two');
+  it('trusts on first use and refuses a changed key for the same path', () => {
+    const book = new HostKeyBook();
+    expect(book.check('a:22', k1).ok).toBe(true);
+    expect(book.check('a:22', k1).ok).toBe(true);
+    expect(book.check('a:22', k2).ok).toBe(false);
+    expect(book.check('j:22>a:22', k2).ok).toBe(true); // another machine behind a jump host
+  });
+  it('checks a pinned fingerprint, with or without base64 padding', () => {
+    const book = new HostKeyBook();
+    const fp = sha256Fingerprint(k1);
+    expect(fp).toMatch(/^SHA256:[A-Za-z0-9+/]{43}$/);
+    expect(book.check('a:22', k1, fp).ok).toBe(true);
+    expect(book.check('a:22', k1, `${fp}=`).ok).toBe(true);
+    expect(book.check('a:22', k2, fp).ok).toBe(false);
+  });
+});
+
+it('the 503 response is complete HTTP/1.1 with a JSON body', () => {
+  const r = unavailableResponse('Service main/app has no ready replica');
+  expect(r).toMatch(/^HTTP\/1\.1 503 Service Unavailable\r\n/);
+  expect(r).toContain('Content-Type: application/json\r\n');
+  expect(r).toContain('Connection: close\r\n');
+  const [, body] = r.split('\r\n\r\n');
+  expect(r).toContain(`Content-Length: ${Buffer.byteLength(body!)}\r\n`);
+  expect(JSON.parse(body!)).toEqual({ detail: 'Service main/app has no ready replica' });
+});

@@ -1,0 +1,70 @@
+// A certbot that hangs is killed at the timeout with its whole process group.
+
+import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { CertbotRunner } from '../../../src/reconcilers/tls/certbot.js';
+import { FakeClock } from '../../../src/reconcilers/clock.js';
+import { Controller } from '../../../src/reconcilers/controller.js';
+import { createTlsLoop } from '../../../src/reconcilers/tls/loop.js';
+import { emptyState } from '../../../src/spec/types.js';
+import { eventually } from '../../helpers/nginx.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'dp-certbot-hang-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+/** PIDs of live processes in process group `pgid` (from /proc). */
+function groupMembers(pgid: number): number[] {
+  const out: number[] = [];
+  for (const e of readdirSync('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      const stat = readFileSync(`/proc/${e}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      if (Number(fields[2]) === pgid && fields[0] !== 'Z') out.push(Number(e));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+function hangingCertbot(name: string): { bin: string; pidFile: string } {
+  const pidFile = join(dir, `${name}.pid`);
+  const bin = join(dir, `${name}.sh`);
+  writeFileSync(bin, `#!/bin/sh\necho $$ > ${pidFile}\nsleep 300 &\nsleep 300\n`);
+  chmodSync(bin, 0o755);
+  return { bin, pidFile };
+}
+
+describe('certbot timeout', () => {
+  it('kills the whole process group and leaves nothing behind', async () => {
+    const { bin, pidFile } = hangingCertbot('runner');
+    const runner = new CertbotRunner({ certbotBin: bin, timeoutMs: 1_000 });
+    const dirs = { configDir: join(dir, 'c'), workDir: join(dir, 'w'), logsDir: join(dir, 'l') };
+    const r = await runner.run({ domain: 'a.gw.test', acme: { server: 'https://127.0.0.1:1/dir' }, webroot: join(dir, 'web'), dirs, force: true });
+    expect(r).toMatchObject({ ok: false, timedOut: true });
+    if (!r.ok) expect(r.error).toBe('certbot did not finish within 1 s and was killed');
+    const pgid = Number(readFileSync(pidFile, 'utf8').trim());
+    await eventually(() => (groupMembers(pgid).length === 0 ? true : undefined), 10_000);
+  });
+
+  it('the loop reports the timeout as a failed attempt', async () => {
+    const { bin, pidFile } = hangingCertbot('loop');
+    const clock = new FakeClock(Date.now());
+    const stateDir = join(dir, 'state');
+    const loop = createTlsLoop({ stateDir, acmeWebroot: join(dir, 'web'), certbotBin: bin, timeoutMs: 1_000, resolve: async () => ['127.0.0.1'] });
+    const state = emptyState();
+    state.spec.entrypoints.push({ project: 'main', domain: 'hang.gw.test', https: true });
+    const controller = new Controller({ loops: [loop as never], getSpec: () => ({ state, generation: 1 }), clock });
+    await controller.start();
+    await controller.stop();
+    const ready = controller.statuses().loops.tls?.objects['hang.gw.test']?.find((c) => c.type === 'Ready');
+    expect(ready).toMatchObject({ status: 'False', reason: 'IssueFailed' });
+    expect(ready?.message).toContain('failedAttempts 1');
+    expect(ready?.message).toContain('error certbot did not finish within 1 s and was killed');
+    const pgid = Number(readFileSync(pidFile, 'utf8').trim());
+    await eventually(() => (groupMembers(pgid).length === 0 ? true : undefined), 10_000);
+  });
+});

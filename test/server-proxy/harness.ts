@@ -1,0 +1,102 @@
+// The standalone server proxy in-process (the same startServerProxy the CLI runs) over a
+// SQLite file in a scratch directory, plus a raw HTTP client that sends exactly what it is given.
+
+import { request as httpRequest, type Agent, type IncomingHttpHeaders } from 'node:http';
+import { Readable } from 'node:stream';
+import { pino } from 'pino';
+import { startServerProxy, type RunningServerProxy, type ServerProxyDeps, type ServerProxyServerOptions } from '../../src/server-proxy/server.js';
+import { eventually } from '../helpers/nginx.js';
+import { tmpDir } from '../helpers/tmp.js';
+
+export interface Reply {
+  status: number;
+  headers: IncomingHttpHeaders;
+  body: Buffer;
+  json<T = Record<string, unknown>>(): T;
+}
+
+export interface SendOptions {
+  method?: string;
+  headers?: Record<string, string | string[]>;
+  body?: Buffer | string | Readable;
+  agent?: Agent | false;
+}
+
+export function send(url: string, o: SendOptions = {}): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const u = new URL(url);
+    const req = httpRequest({
+      host: u.hostname,
+      port: u.port,
+      path: `${u.pathname}${u.search}`,
+      method: o.method ?? 'GET',
+      headers: o.headers ?? {},
+      agent: o.agent ?? false,
+    });
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const body = Buffer.concat(chunks);
+        resolve({ status: res.statusCode ?? 0, headers: res.headers, body, json: <T>() => JSON.parse(body.toString('utf8')) as T });
+      });
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    if (o.body instanceof Readable) o.body.pipe(req);
+    else req.end(o.body);
+  });
+}
+
+export interface Harness {
+  proxy: RunningServerProxy;
+  url: string;
+  dir: string;
+  /** PUT the document; returns the new generation. */
+  put(doc: unknown): Promise<number>;
+  close(): Promise<void>;
+}
+
+export async function startHarness(options: Partial<ServerProxyServerOptions> = {}, deps: ServerProxyDeps = {}): Promise<Harness> {
+  const { dir, cleanup } = tmpDir('dp-sp-');
+  const proxy = await startServerProxy(
+    { db: `sqlite:${dir}/proxy.db`, port: 0, stateDir: `${dir}/state`, ...options },
+    { logger: pino({ level: 'silent' }), ...deps },
+  );
+  return {
+    proxy,
+    url: proxy.url,
+    dir,
+    async put(doc) {
+      const r = await send(`${proxy.url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc) });
+      if (r.status !== 200) throw new Error(`PUT /api/v1/state → ${r.status} ${r.body.toString()}`);
+      return r.json<{ generation: number }>().generation;
+    },
+    async close() {
+      await proxy.close();
+      cleanup();
+    },
+  };
+}
+
+/** Poll until `url` answers `status`. */
+export function untilStatus(url: string, status: number, timeoutMs = 10_000): Promise<Reply> {
+  return eventually(async () => {
+    const r = await send(url);
+    return r.status === status ? r : undefined;
+  }, timeoutMs);
+}
+
+export function doc(services: Record<string, unknown>[], projects = ['test-proj', 'my-proj']): Record<string, unknown> {
+  return { apiVersion: 'proxy.dstack.ai/v1alpha1', kind: 'ProxyState', spec: { projects: projects.map((name) => ({ name })), services } };
+}
+
+export function directService(project: string, run: string, port: number, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    project,
+    run,
+    auth: false,
+    replicas: [{ id: `${run}-0`, appPort: port, direct: { host: '127.0.0.1', port } }],
+    ...extra,
+  };
+}

@@ -1,0 +1,98 @@
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { loadDocument } from '../../src/spec/index.js';
+import { openSqliteStore } from '../../src/state/sqlite-store.js';
+import type { StoredState } from '../../src/state/store.js';
+import { eventually } from '../helpers/nginx.js';
+import { tmpDir } from '../helpers/tmp.js';
+
+const docA = loadDocument(readFileSync('examples/local-state.yaml', 'utf8'));
+
+describe('SQLite state store', () => {
+  let t: ReturnType<typeof tmpDir>;
+  let file: string;
+  beforeEach(() => {
+    t = tmpDir();
+    file = path.join(t.dir, 'nested', 'proxy.db');
+  });
+  afterEach(() => t.cleanup());
+
+  it('creates the file 0600 (and its WAL files) in a new 0700 directory, in WAL mode', async () => {
+    const store = await openSqliteStore({ path: file });
+    await store.write(docA);
+    expect(statSync(path.dirname(file)).mode & 0o777).toBe(0o700);
+    for (const f of [file, `${file}-wal`, `${file}-shm`]) {
+      if (existsSync(f)) expect(statSync(f).mode & 0o777, f).toBe(0o600);
+    }
+    const db = new Database(file, { readonly: true });
+    expect(db.pragma('journal_mode', { simple: true })).toBe('wal');
+    expect(db.prepare('SELECT version, name FROM proxy_schema_migrations').all()).toEqual([{ version: 1, name: 'proxy_state' }]);
+    // Secrets are stored as the document has them.
+    const row = db.prepare('SELECT generation, document, hash FROM proxy_state').get() as { document: string; generation: number };
+    expect(row.generation).toBe(1);
+    expect(JSON.parse(row.document).spec).toEqual(docA.spec);
+    db.close();
+    await store.close();
+  });
+
+  it('runs migrations once when several instances open a new file together', async () => {
+    const stores = await Promise.all(Array.from({ length: 4 }, () => openSqliteStore({ path: file })));
+    const db = new Database(file, { readonly: true });
+    expect(db.prepare('SELECT COUNT(*) AS n FROM proxy_schema_migrations').get()).toEqual({ n: 1 });
+    db.close();
+    await Promise.all(stores.map((s) => s.close()));
+  });
+
+  it('refuses a schema newer than it knows', async () => {
+    await (await openSqliteStore({ path: file })).close();
+    const db = new Database(file);
+    db.prepare("INSERT INTO proxy_schema_migrations VALUES (99, 'future', 'now')").run();
+    db.close();
+    await expect(openSqliteStore({ path: file })).rejects.toThrow(/schema version 99 is newer/);
+  });
+
+  it('refuses a direct update that does not increase the generation', async () => {
+    const store = await openSqliteStore({ path: file });
+    await store.write(docA);
+    const db = new Database(file);
+    expect(() => db.prepare('UPDATE proxy_state SET document = document WHERE id = 1').run()).toThrow(/generation must increase/);
+    db.close();
+    await store.close();
+  });
+
+  it('sees a row written by another process within 1 s (PRAGMA data_version poll)', async () => {
+    const store = await openSqliteStore({ path: file });
+    const seen: StoredState[] = [];
+    store.watch((s) => seen.push(s));
+    const script = `
+      const Database = require('better-sqlite3');
+      const db = new Database(process.argv[1]);
+      db.pragma('busy_timeout = 5000');
+      db.prepare("UPDATE proxy_state SET generation = 7, document = ?, hash = NULL, updated_at = ? WHERE id = 1")
+        .run(process.argv[2], new Date().toISOString());
+      db.close();`;
+    execFileSync(process.execPath, ['-e', script, file, JSON.stringify(docA)], { cwd: process.cwd() });
+    const committed = Date.now();
+    const got = await eventually(() => seen[0], 5_000);
+    expect(Date.now() - committed).toBeLessThan(1_000);
+    expect(got).toMatchObject({ generation: 7 });
+    expect(got.state).toEqual(docA);
+    await store.close();
+  });
+
+  it('stops polling when the last watcher unsubscribes', async () => {
+    const store = await openSqliteStore({ path: file, pollMs: 10 });
+    const seen: number[] = [];
+    const stop = store.watch((s) => seen.push(s.generation));
+    stop();
+    const other = await openSqliteStore({ path: file });
+    await other.write(docA);
+    // Nothing is polling, so only an explicit read picks the change up.
+    expect(seen).toEqual([]);
+    expect((await store.read()).generation).toBe(1);
+    await Promise.all([store.close(), other.close()]);
+  });
+});
