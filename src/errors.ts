@@ -18,6 +18,7 @@ export const ERRORS = {
   DP_ERR_NOT_FOUND: { status: 404, message: 'Not found' },
   DP_ERR_NOT_READY: { status: 503, message: 'The gateway has not finished its first reconcile' },
   DP_ERR_STATE_CORRUPT: { status: 500, message: 'The state file is corrupt' },
+  DP_ERR_STATE_UNAVAILABLE: { status: 503, message: 'The state database is unreachable' },
   DP_ERR_INTERNAL: { status: 500, message: 'Internal error' },
   DP_ERR_BAD_OPTION: { status: 500, message: 'Invalid option' },
 } as const satisfies Record<string, ErrorDef>;

@@ -300,5 +300,5 @@ function isConnectionError(err: unknown): boolean {
 }
 
 function unavailable(err: unknown): ProxyError {
-  return new ProxyError('DP_ERR_INTERNAL', `the state database is unreachable: ${(err as Error).message}`, {}, { cause: err });
+  return new ProxyError('DP_ERR_STATE_UNAVAILABLE', `the state database is unreachable: ${(err as Error).message}`, {}, { cause: err });
 }
