@@ -85,8 +85,16 @@ try {
   // Wait until the site answers (the Nginx loop converges right after the PUT).
   const deadline = Date.now() + 15_000;
   for (;;) {
-    const r = await fetch(`http://127.0.0.1:${httpPort}/`, { headers: { host: 'hello.localhost' } }).catch(() => null);
-    if (r?.ok) break;
+    // fetch() may not set Host, so plain http.get.
+    const status = await new Promise((resolve) => {
+      http
+        .get({ host: '127.0.0.1', port: httpPort, path: '/', headers: { host: 'hello.localhost' } }, (res) => {
+          res.resume();
+          resolve(res.statusCode);
+        })
+        .on('error', () => resolve(0));
+    });
+    if (status === 200) break;
     if (Date.now() > deadline) throw new Error('the example site did not come up within 15 s');
     await new Promise((res) => setTimeout(res, 200));
   }
