@@ -4,7 +4,7 @@
 //   - `dstack-proxy gateway` with a private Nginx under ./.dstack-proxy on HTTP port 18080,
 //     API on 127.0.0.1:18000;
 //   - PUT of the example, then the curl line to try. Ctrl-C stops everything.
-// Ports can be moved with DEMO_HTTP_PORT / DEMO_API_PORT.
+// Ports can be moved with DEMO_HTTP_PORT / DEMO_API_PORT, the state dir with DEMO_STATE_DIR.
 
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -31,7 +31,7 @@ const gateway = spawn(
   [
     path.join(root, 'dist', 'src', 'cli.js'),
     'gateway',
-    '--state-dir', path.join(root, '.dstack-proxy'),
+    '--state-dir', process.env.DEMO_STATE_DIR ?? path.join(root, '.dstack-proxy'),
     '--http-port', String(httpPort),
     '--https-port', String(httpPort + 363),
     '--listen-host', '127.0.0.1',
