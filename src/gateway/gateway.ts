@@ -180,7 +180,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     : noServerAuth;
   // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
   // and counted like any other request (Nginx lets 127.0.0.1 past auth_request).
-  const modelForwarder = nginxForwarder({ httpPort: options.httpPort, host: options.listenHost || '127.0.0.1' });
+  // Sites always listen on 127.0.0.1 too (view.ts listenLocal), which auth_request trusts.
+  const modelForwarder = nginxForwarder({ httpPort: options.httpPort, host: '127.0.0.1' });
   const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
   await observeModels(firstSeen, current.state, Math.floor(Date.now() / 1000));
   const stats = createStatsCollector({ accessLogPath: accessLog, logger: logger.child({ component: 'stats' }) });
@@ -296,6 +297,7 @@ function certbotDirsUnder(dir: string): { configDir: string; workDir: string; lo
   return { configDir: join(dir, 'config'), workDir: join(dir, 'work'), logsDir: join(dir, 'logs') };
 }
 
+/** Where the gateway reaches its own Nginx: the listen address, or loopback for a wildcard. */
 function urlHost(host: string): string {
   return host.includes(':') ? `[${host}]` : host;
 }

@@ -53,6 +53,7 @@ export function renderGlobal(v: GlobalView): string {
     l.push(
       ...block('server', [
         `listen ${v.listenHttp} default_server;`,
+        ...(v.listenLocal ? [`listen ${v.listenLocal} default_server;`] : []),
         'server_name _;',
         'access_log off;',
         ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`]),
@@ -80,6 +81,7 @@ export function renderSite(v: SiteView): string {
 
 function serverHead(v: SiteCommon): Lines {
   const l: Lines = [`server_name ${v.domain};`, `listen ${v.listenHttp};`];
+  if (v.listenLocal) l.push(`listen ${v.listenLocal};`);
   if (v.tls) {
     l.push(
       `listen ${v.tls.listen} ssl http2;`,

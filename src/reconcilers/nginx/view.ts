@@ -59,6 +59,8 @@ export interface SiteCommon {
   fileName: string;
   project: string;
   listenHttp: string;
+  /** 127.0.0.1:<http port> when listenHttp is another address: the gateway's own model calls come from there. */
+  listenLocal: string | null;
   tls: TlsView | null;
   accessLogPath: string;
   acmeWebroot: string;
@@ -103,6 +105,7 @@ export interface GlobalView {
   kind: 'global';
   fileName: string;
   listenHttp: string;
+  listenLocal: string | null;
   listenHttps: string;
   acmeWebroot: string;
   defaultServer: boolean;
@@ -151,6 +154,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
   const upstreamFor = opts.upstreamFor ?? directUpstream;
   const listenHttp = listenAddress(listenHost, opts.httpPort);
   const listenHttps = listenAddress(listenHost, opts.httpsPort);
+  const listenLocal = ['', '*', '0.0.0.0', '127.0.0.1'].includes(listenHost) ? null : listenAddress('127.0.0.1', opts.httpPort);
   const redirectPort = opts.httpsPort === 443 ? '' : `:${opts.httpsPort}`;
 
   const common = (domain: string, project: string, https: boolean): SiteCommon => {
@@ -160,6 +164,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       fileName: fileNameFor({ kind: 'site', domain }),
       project,
       listenHttp,
+      listenLocal,
       tls: cert ? { listen: listenHttps, certPath: cert.certPath, keyPath: cert.keyPath, redirectPort } : null,
       accessLogPath: opts.accessLogPath,
       acmeWebroot: opts.acmeWebroot,
@@ -188,6 +193,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       kind: 'global',
       fileName: fileNameFor({ kind: 'global' }),
       listenHttp,
+      listenLocal,
       listenHttps,
       acmeWebroot: opts.acmeWebroot,
       defaultServer: opts.defaultServer ?? true,
