@@ -13,6 +13,8 @@ export interface AppOptions {
   /** Protects the management routes (/api/v1/*) when set. */
   apiToken?: string;
   logger?: Logger | false;
+  /** More fields for GET /api/v1/status (the in-server proxy adds its store's health). */
+  statusExtra?: () => Record<string, unknown>;
   /** More routes (auth, stats, metrics, models): each registers itself on the app. */
   routes?: ((app: FastifyInstance, guard: (request: FastifyRequest) => Promise<void>) => Promise<void>)[];
 }
@@ -38,6 +40,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       hash: current.hash,
       ready: runtime.isReady(),
       observedGeneration: snapshot.generation,
+      ...options.statusExtra?.(),
       loops: snapshot.loops,
     };
   });

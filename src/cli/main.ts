@@ -5,10 +5,11 @@ import { EXIT_USAGE, UsageError } from './command.js';
 import { applyCommand } from './apply.js';
 import { gatewayCommand } from './gateway.js';
 import { planCommand } from './plan.js';
+import { serverProxyCommand } from './server-proxy.js';
 import { statusCommand } from './status.js';
 import { validateCommand } from './validate.js';
 
-const COMMANDS: Command[] = [gatewayCommand, validateCommand, planCommand, applyCommand, statusCommand];
+const COMMANDS: Command[] = [gatewayCommand, serverProxyCommand, validateCommand, planCommand, applyCommand, statusCommand];
 
 function usage(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));

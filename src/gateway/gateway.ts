@@ -1,13 +1,14 @@
 // The gateway daemon: state store + controller + loops + private or system Nginx + HTTP API.
 // startGateway() returns once the API listens and the first reconcile pass has finished.
 
-import { mkdir, readFile, stat } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
 import { buildApp } from '../api/app.js';
-import type { LoopPlan, Plan, Runtime } from '../api/runtime.js';
-import { ProxyError } from '../errors.js';
+import { readApiToken } from '../api/api-token.js';
+import { planFromController } from '../api/plan.js';
+import type { Runtime } from '../api/runtime.js';
 import { Controller } from '../reconcilers/controller.js';
 import type { Clock } from '../reconcilers/clock.js';
 import { createNginxLoop, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
@@ -20,7 +21,7 @@ import { authRoutes, createControlServerAuth, noServerAuth } from '../api/auth.j
 import { createMetrics, metricsRoutes, type CertificateMetric, type TunnelMetric } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
 import { fileFirstSeenStore, nginxForwarder, observeModels, registerModelApi } from '../models/index.js';
-import { diffSpecs, serviceKey, type ProxyState } from '../spec/index.js';
+import { serviceKey, type ProxyState } from '../spec/index.js';
 import { openFileStore } from '../state/file-store.js';
 import type { StateStore, StoredState } from '../state/store.js';
 import type { GatewayOptions } from './options.js';
@@ -147,17 +148,10 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let ready = false;
   const runtime: Runtime = {
     store,
-    async plan(next: ProxyState, base: ProxyState): Promise<Plan> {
-      const actions = await controller.dryRun(next);
-      const loopsOut: Record<string, LoopPlan> = {};
-      for (const [name, list] of Object.entries(actions)) {
-        loopsOut[name] = {
-          actions: list.map((a) => ({ key: a.key, kind: a.kind, summary: a.summary, ...(a.diff ? { diff: a.diff } : {}) })),
-          ...(name === NGINX_LOOP ? { notes: { reload: list.some((a) => a.kind !== 'conflict') } } : {}),
-        };
-      }
-      return { document: diffSpecs(base, next), loops: loopsOut };
-    },
+    plan: (next, base) =>
+      planFromController(controller, next, base, (loop, kinds) =>
+        loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined,
+      ),
     notify() {
       void store.read().then(async (s) => {
         current = s;
@@ -255,19 +249,6 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   }
 }
 
-async function readApiToken(file: string, logger: Logger): Promise<string> {
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (err) {
-    throw new ProxyError('DP_ERR_BAD_OPTION', `cannot read --api-token-file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
-  }
-  const token = text.trim();
-  if (token.length < 16) throw new ProxyError('DP_ERR_BAD_OPTION', `--api-token-file ${file}: the token must be at least 16 characters`);
-  const mode = (await stat(file)).mode & 0o077;
-  if (mode !== 0) logger.warn({ file }, 'the API token file is readable by group or others; chmod 600 it');
-  return token;
-}
 
 function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
   const out: TunnelMetric[] = [];

@@ -100,15 +100,22 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     { prefix: SERVICES_PREFIX },
   );
 
+  // Upgraded sockets leave the HTTP server's bookkeeping: closed here at shutdown.
+  const upgraded = new Set<Duplex>();
   const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
+    upgraded.add(socket);
+    socket.once('close', () => upgraded.delete(socket));
     const s = socket as Duplex & { remoteAddress?: string; encrypted?: boolean };
     const handled = handleUpgrade(ctx, req, socket, head, plainIp(s.remoteAddress), s.encrypted ? 'https' : 'http');
     // Alone on the server, nobody else will answer an upgrade elsewhere.
     if (!handled && app.server.listenerCount('upgrade') === 1) rawReply(socket, 404, { 'Content-Type': 'application/json' }, '{"detail":"Not Found"}');
   };
   app.server.on('upgrade', onUpgrade);
-  app.addHook('onClose', async () => {
+  app.addHook('preClose', async () => {
     app.server.off('upgrade', onUpgrade);
+    for (const s of upgraded) s.destroy();
+  });
+  app.addHook('onClose', async () => {
     await pools.close();
   });
   return { stats, limiter, pools };

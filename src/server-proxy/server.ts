@@ -4,23 +4,23 @@
 // /api/stats/collect, /api/v1/status, /healthz and /readyz. Several processes on one
 // PostgreSQL serve the same document: a commit through any of them reaches all within 1 s.
 
-import { mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
-import { tokenGuard } from '../api/api-token.js';
+import { readApiToken } from '../api/api-token.js';
+import { buildApp } from '../api/app.js';
 import { createControlServerAuth, noServerAuth, type AuthProvider } from '../api/auth.js';
-import { installErrorHandlers } from '../api/errors.js';
-import type { LoopPlan, Plan, Runtime } from '../api/runtime.js';
-import { stateRoutes } from '../api/state-routes.js';
+import { planFromController } from '../api/plan.js';
+import type { Runtime } from '../api/runtime.js';
 import { statsRoutes } from '../api/stats-routes.js';
-import { ProxyError } from '../errors.js';
+import { connectForwarder, fileFirstSeenStore, registerModelApi } from '../models/index.js';
 import type { Clock } from '../reconcilers/clock.js';
 import { Controller } from '../reconcilers/controller.js';
 import { createSshLoop, NoReadyReplicaError, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import type { AnyLoop } from '../reconcilers/types.js';
-import { diffSpecs, MAX_DOCUMENT_BYTES, type ProxyState } from '../spec/index.js';
+import type { ProxyState } from '../spec/index.js';
 import { openStore, redactStoreUrl } from '../state/open-store.js';
 import type { StoredState } from '../state/store.js';
 import type { WatchedStateStore } from '../state/watched-store.js';
@@ -125,19 +125,13 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     const authorize: Authorize = deps.authorize ?? ((project, token) => auth.check(project, token));
     const connect = balancerConnect(ssh);
 
-    // 3. The HTTP app.
-    const app = Fastify({
-      loggerInstance: logger.child({ component: 'api' }) as FastifyBaseLogger,
-      bodyLimit: MAX_DOCUMENT_BYTES,
-      logController: new LogController({ disableRequestLogging: true }),
-    });
-    cleanups.push(() => app.close());
-    installErrorHandlers(app);
-    const guard = tokenGuard(apiToken);
+    // 3. The HTTP app: the gateway's API module (state routes, status, probes) plus the proxy,
+    //    its stats, and the model API over the same tunnels.
     let ready = false;
+    const getState = (): ProxyState => current.state;
     const runtime: Runtime = {
       store,
-      plan: (next, base) => planOf(controller, next, base),
+      plan: (next, base) => planFromController(controller, next, base),
       // A write through this process is reported by the watch too; reading here only makes it sooner.
       notify() {
         void store.read().then((s) => {
@@ -150,35 +144,40 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
       status: () => controller.statuses(),
       isReady: () => ready,
     };
-    await app.register(stateRoutes, { runtime, guard });
-    const getState = (): ProxyState => current.state;
-    const proxy = await registerServerProxy(app, {
-      getState,
-      connect,
-      authorize,
-      logger: logger.child({ component: 'proxy' }),
-      ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
-      ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
-      ...(deps.clock ? { clock: deps.clock } : {}),
+    let proxy: ServerProxy | undefined;
+    const models = connectForwarder(connect);
+    cleanups.push(() => models.close());
+    const app = await buildApp({
+      runtime,
+      logger: logger.child({ component: 'api' }),
+      ...(apiToken ? { apiToken } : {}),
+      statusExtra: () => ({ store: store.health() }),
+      routes: [
+        async (a) => {
+          proxy = await registerServerProxy(a, {
+            getState,
+            connect,
+            authorize,
+            logger: logger.child({ component: 'proxy' }),
+            ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
+            ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
+            ...(deps.clock ? { clock: deps.clock } : {}),
+          });
+        },
+        async (a, guard) => a.register(statsRoutes, { collector: proxy!.stats, getState, guard }),
+        async (a) =>
+          registerModelApi(a, {
+            prefix: '/proxy/models/:project',
+            getState,
+            authorize,
+            forward: (service, request) => models.forward(service, request),
+            firstSeen: fileFirstSeenStore(join(stateDir, 'models.json')),
+            ...(deps.clock ? { clock: deps.clock } : {}),
+          }),
+        ...(deps.extraRoutes ? [async (a: FastifyInstance) => deps.extraRoutes!(a, { getState, authorize, connect })] : []),
+      ],
     });
-    await app.register(statsRoutes, { collector: proxy.stats, getState, guard });
-    if (deps.extraRoutes) await deps.extraRoutes(app, { getState, authorize, connect });
-    app.get('/api/v1/status', { onRequest: guard }, async () => {
-      const snapshot = controller.statuses();
-      return {
-        generation: current.generation,
-        hash: current.hash,
-        ready,
-        observedGeneration: snapshot.generation,
-        store: store.health(),
-        loops: snapshot.loops,
-      };
-    });
-    app.get('/healthz', async () => ({ status: 'ok' }));
-    app.get('/readyz', async (_req, reply) => {
-      if (ready) return { status: 'ready' };
-      return reply.code(503).send({ code: 'DP_ERR_NOT_READY', message: 'the first reconcile pass has not finished' });
-    });
+    cleanups.push(() => app.close());
 
     // 4. Listen, then the first pass (tunnels opening; /readyz says so until it is done).
     const host = o.host ?? '127.0.0.1';
@@ -188,7 +187,7 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     ready = true;
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
     logger.info({ url, db: redactStoreUrl(o.db), generation: current.generation }, 'server proxy listening');
-    return { app, url, store, controller, ssh, proxy, current: () => current, close };
+    return { app, url, store, controller, ssh, proxy: proxy!, current: () => current, close };
   } catch (err) {
     await close();
     throw err;
@@ -214,24 +213,4 @@ function balancerConnect(ssh: SshLoop): ConnectFn {
   };
 }
 
-async function planOf(controller: Controller, next: ProxyState, base: ProxyState): Promise<Plan> {
-  const actions = await controller.dryRun(next);
-  const loops: Record<string, LoopPlan> = {};
-  for (const [name, list] of Object.entries(actions)) {
-    loops[name] = { actions: list.map((a) => ({ key: a.key, kind: a.kind, summary: a.summary, ...(a.diff ? { diff: a.diff } : {}) })) };
-  }
-  return { document: diffSpecs(base, next), loops };
-}
 
-async function readApiToken(file: string, logger: Logger): Promise<string> {
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (err) {
-    throw new ProxyError('DP_ERR_BAD_OPTION', `cannot read --api-token-file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
-  }
-  const token = text.trim();
-  if (token.length < 16) throw new ProxyError('DP_ERR_BAD_OPTION', `--api-token-file ${file}: the token must be at least 16 characters`);
-  if (((await stat(file)).mode & 0o077) !== 0) logger.warn({ file }, 'the API token file is readable by group or others; chmod 600 it');
-  return token;
-}

@@ -22,8 +22,12 @@ export interface UpgradeContext extends HttpProxyContext {
 export function rawReply(socket: Duplex, status: number, headers: Record<string, string>, body = ''): void {
   const lines = [`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}`];
   for (const [k, v] of Object.entries({ ...headers, 'Content-Length': String(Buffer.byteLength(body)), Connection: 'close' })) lines.push(`${k}: ${v}`);
-  socket.end(`${lines.join('\r\n')}\r\n\r\n${body}`);
+  // Upgrade sockets are half-open capable: do not wait for the client to hang up.
+  socket.end(`${lines.join('\r\n')}\r\n\r\n${body}`, () => setTimeout(() => socket.destroy(), REFUSED_LINGER_MS).unref());
 }
+
+/** How long a refused upgrade's socket stays open after the answer is flushed, for the client to read it. */
+const REFUSED_LINGER_MS = 1_000;
 
 function rawDetail(socket: Duplex, status: number, detail: string): void {
   rawReply(socket, status, { 'Content-Type': 'application/json' }, JSON.stringify({ detail }));

@@ -100,3 +100,18 @@ export function directService(project: string, run: string, port: number, extra:
     ...extra,
   };
 }
+
+/** `total` bytes, one reused 1 MiB chunk at a time, as fast as the reader takes them. */
+export function zeros(total: number): Readable {
+  const chunkSize = 1024 * 1024;
+  const chunk = Buffer.alloc(chunkSize, 7);
+  let left = total;
+  return new Readable({
+    read() {
+      if (left <= 0) return void this.push(null);
+      const n = Math.min(left, chunkSize);
+      left -= n;
+      this.push(n === chunkSize ? chunk : chunk.subarray(0, n));
+    },
+  });
+}

@@ -100,8 +100,12 @@ export async function startReplica(port = 0): Promise<TestReplica> {
     });
   };
   const server = createServer({ keepAliveTimeout: 5_000 }, handle);
+  const upgraded = new Set<Duplex>();
   server.on('upgrade', (req: IncomingMessage, socket: Duplex) => {
     seen.push(req.url ?? '');
+    upgraded.add(socket);
+    socket.once('close', () => upgraded.delete(socket));
+    socket.once('end', () => socket.end());
     const key = req.headers['sec-websocket-key'];
     if (typeof key !== 'string') return void socket.destroy();
     const accept = createHash('sha1').update(`${key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`).digest('base64');
@@ -138,6 +142,7 @@ export async function startReplica(port = 0): Promise<TestReplica> {
     },
     async close() {
       for (const r of hanging) r.destroy();
+      for (const s of upgraded) s.destroy();
       server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },

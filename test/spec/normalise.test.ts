@@ -10,7 +10,6 @@ import {
   hashSpec,
   normalise,
   parseDocument,
-  validate,
   type ProxyState,
 } from '../../src/spec/index.js';
 import type { ProxyStateInput } from '../../src/spec/input.js';

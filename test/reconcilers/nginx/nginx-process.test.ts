@@ -3,7 +3,6 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   mainConfText,
-  NginxProcess,
   parseTestOutput,
   splitCommand,
   systemNginx,

@@ -1,0 +1,181 @@
+// P6: the in-server proxy (fastify + undici over the balancer's connect()) vs Nginx proxy_pass
+// to the same replica, wrk -t1 -c16 -d5s, alternating rounds, median of 3, measured in one run:
+// a direct replica (Nginx → TCP with upstream keepalive) and an SSH replica (Nginx → the same
+// SSH loop's balancer socket → ssh2). P6c: the proxy's RSS during a 1 GiB chunked upload.
+// The backend is a separate Node process; the proxy runs in this process.
+
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { pino } from 'pino';
+import { startServerProxy, type RunningServerProxy } from '../src/server-proxy/server.js';
+import { eventually, startTestNginx } from '../test/helpers/nginx.js';
+import { freePorts } from '../test/helpers/ports.js';
+import { startSshdChain } from '../test/helpers/sshd.js';
+import { tmpDir } from '../test/helpers/tmp.js';
+import type { Row } from './table.js';
+
+const run = promisify(execFile);
+const GiB = 1024 * 1024 * 1024;
+
+const BACKEND = `
+const http = require('node:http');
+http.createServer((req, res) => {
+  if (req.url.endsWith('/sink')) {
+    let n = 0;
+    req.on('data', (c) => { n += c.length; });
+    req.on('end', () => res.end(JSON.stringify({ bytes: n })));
+    return;
+  }
+  res.setHeader('content-type', 'application/json');
+  res.end('{"ok":true}');
+}).listen(Number(process.argv[1]), '127.0.0.1', () => process.send && process.send('up'));
+`;
+
+interface Wrk {
+  rps: number;
+  p50: number;
+  p99: number;
+}
+
+async function wrk(url: string): Promise<Wrk> {
+  const { stdout } = await run('wrk', ['-t1', '-c16', '-d5s', '--latency', url], { timeout: 60_000 });
+  const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(stdout)?.[1] ?? 0);
+  const ms = (p: string): number => {
+    const m = new RegExp(`\\s${p}%\\s+([\\d.]+)(us|ms|s)`).exec(stdout);
+    if (!m) return 0;
+    const v = Number(m[1]);
+    return m[2] === 'us' ? v / 1000 : m[2] === 's' ? v * 1000 : v;
+  };
+  return { rps, p50: ms('50'), p99: ms('99') };
+}
+
+function median(runs: Wrk[]): Wrk {
+  const sorted = [...runs].sort((x, y) => x.rps - y.rps);
+  return sorted[Math.floor(sorted.length / 2)]!;
+}
+
+async function ok(url: string): Promise<true | undefined> {
+  const { stdout } = await run('curl', ['-s', url]).catch(() => ({ stdout: '' }));
+  return stdout.includes('"ok"') ? true : undefined;
+}
+
+export async function serverProxyRows(): Promise<Row[]> {
+  const tmp = tmpDir('dp-bench-sp-');
+  const procs: ChildProcess[] = [];
+  const chain = await startSshdChain(join(tmp.dir, 'ssh'), 1);
+  const sshd = chain.sshds[0]!;
+  const ng = await startTestNginx();
+  let proxy: RunningServerProxy | undefined;
+  try {
+    const [appPort, nginxDirect, nginxSsh] = (await freePorts(3)) as [number, number, number];
+    const backend = spawn(process.execPath, ['-e', BACKEND, String(appPort)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+    procs.push(backend);
+    await new Promise((r) => backend.once('message', r));
+
+    proxy = await startServerProxy(
+      { db: `sqlite:${join(tmp.dir, 'proxy.db')}`, port: 0, stateDir: join(tmp.dir, 'state') },
+      { logger: pino({ level: 'silent' }), ssh: { appHost: '127.0.0.1' } },
+    );
+    const common = { auth: false, clientMaxBodySize: 2 * GiB };
+    await proxy.store.write({
+      apiVersion: 'proxy.dstack.ai/v1alpha1',
+      kind: 'ProxyState',
+      spec: {
+        acme: { server: 'https://acme-v02.api.letsencrypt.org/directory' },
+        entrypoints: [],
+        projects: [{ name: 'bench', sshPrivateKey: chain.key.privateKey }],
+        services: [
+          { project: 'bench', run: 'direct', https: false, stripPrefix: true, rateLimits: [], ...common, replicas: [{ id: 'd1', appPort, direct: { host: '127.0.0.1', port: appPort } }] },
+          { project: 'bench', run: 'ssh', https: false, stripPrefix: true, rateLimits: [], ...common, replicas: [{ id: 's1', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }] },
+        ],
+      },
+    });
+    const ours = (run: string): string => `${proxy!.url}/proxy/services/bench/${run}/`;
+    await eventually(() => ok(ours('direct')), 20_000);
+    await eventually(() => ok(ours('ssh')), 20_000);
+
+    const sshSock = proxy.ssh.balancer.socketPathFor('bench/ssh');
+    writeFileSync(
+      join(ng.paths.confDir, 'sites', 'bench-sp.conf'),
+      `
+upstream sp_direct { server 127.0.0.1:${appPort}; keepalive 64; }
+upstream sp_ssh { server unix:${sshSock}; keepalive 64; keepalive_time 10s; }
+server { listen 127.0.0.1:${nginxDirect}; location / { proxy_pass http://sp_direct; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; } }
+server { listen 127.0.0.1:${nginxSsh}; location / { proxy_pass http://sp_ssh; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; } }
+`,
+    );
+    await ng.reload();
+    await eventually(() => ok(`http://127.0.0.1:${nginxDirect}/`));
+    await eventually(() => ok(`http://127.0.0.1:${nginxSsh}/`));
+
+    const rows: Row[] = [];
+    const pair = async (id: string, what: string, oursUrl: string, nginxUrl: string): Promise<void> => {
+      const as: Wrk[] = [];
+      const bs: Wrk[] = [];
+      await wrk(oursUrl); // warm-up: JIT and pooled connections, not measured
+      await wrk(nginxUrl);
+      for (let i = 0; i < 3; i++) {
+        as.push(await wrk(oursUrl));
+        bs.push(await wrk(nginxUrl));
+      }
+      const a = median(as);
+      const b = median(bs);
+      const added = Math.max(0, a.p99 - b.p99);
+      rows.push({
+        id,
+        name: `in-server proxy, ${what}, 16 conns`,
+        value: Math.round(a.rps),
+        unit: 'req/s',
+        target: '≥ 0.6× Nginx, ≤ 2 ms added p99',
+        ok: a.rps >= 0.6 * b.rps && added <= 2,
+        better: 'higher',
+        baseline: { name: 'Nginx proxy_pass', value: Math.round(b.rps), measured: 'same run' },
+        note: `p50/p99 ours ${a.p50}/${a.p99} ms, Nginx ${b.p50}/${b.p99} ms (added p99 ${added.toFixed(2)} ms)`,
+      });
+    };
+    await pair('P6', 'direct replica', ours('direct'), `http://127.0.0.1:${nginxDirect}/`);
+    await pair('P6b', 'SSH replica (ssh2)', ours('ssh'), `http://127.0.0.1:${nginxSsh}/`);
+
+    // P6c: RSS of this process (the proxy) while curl uploads 1 GiB, chunked, through it.
+    global.gc?.();
+    const before = process.memoryUsage().rss;
+    let peak = before;
+    const timer = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 20);
+    const started = Date.now();
+    const { stdout } = await run('sh', ['-c', `head -c ${GiB} /dev/zero | curl -s -T - -X POST ${ours('direct')}sink`], { timeout: 300_000 });
+    clearInterval(timer);
+    const seconds = (Date.now() - started) / 1000;
+    if (!stdout.includes(`"bytes":${GiB}`)) throw new Error(`upload through the proxy failed: ${stdout}`);
+    const grewMb = (peak - before) / 1e6;
+    rows.push({
+      id: 'P6c',
+      name: 'in-server proxy RSS growth during a 1 GiB streamed upload',
+      value: Math.round(grewMb * 10) / 10,
+      unit: 'MB',
+      target: '< 50 MB',
+      ok: grewMb < 50,
+      better: 'lower',
+      note: `RSS ${Math.round(before / 1e6)} → peak ${Math.round(peak / 1e6)} MB; ${(GiB / 1024 / 1024 / seconds).toFixed(0)} MiB/s`,
+    });
+    return rows;
+  } finally {
+    await proxy?.close();
+    for (const p of procs) p.kill('SIGKILL');
+    await ng.stop();
+    await chain.stop();
+    tmp.cleanup();
+  }
+}
+
+// Run alone: node dist/bench/server-proxy.js
+if (process.argv[1]?.endsWith('/bench/server-proxy.js')) {
+  serverProxyRows().then(
+    (rows) => process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`),
+    (err: unknown) => {
+      process.stderr.write(`${String(err)}\n`);
+      process.exitCode = 1;
+    },
+  );
+}
