@@ -42,22 +42,29 @@ export interface AdmitContext {
   limiter: RateLimiter;
 }
 
-export async function admit(ctx: AdmitContext, t: ProxyTarget, headers: IncomingHttpHeaders, clientIp: string): Promise<Admission> {
+/** Synchronous unless the service uses proxy auth (then the control server may be asked). */
+export function admit(ctx: AdmitContext, t: ProxyTarget, headers: IncomingHttpHeaders, clientIp: string): Admission | Promise<Admission> {
   const key = `${t.project}/${t.run}`;
   const service = ctx.index.get(key);
   if (!service || service.replicas.length === 0) return { ok: false, status: 404, detail: `Service ${key} not found` };
-
-  if (service.auth) {
-    const token = bearerToken(headers.authorization);
-    const decision = token === null ? 'unauthenticated' : await ctx.authorize(service.project, token);
+  if (!service.auth) return limits(ctx, t, headers, clientIp, service, key);
+  const token = bearerToken(headers.authorization);
+  if (token === null) return forbidden(service);
+  return ctx.authorize(service.project, token).then((decision): Admission => {
     if (decision === 'unavailable') {
       return { ok: false, status: 503, detail: `Cannot verify access to project ${service.project} now; try again` };
     }
-    if (decision !== 'allow') {
-      return { ok: false, status: 403, detail: `Unauthenticated or unauthorized to access project ${service.project}` };
-    }
-  }
+    if (decision !== 'allow') return forbidden(service);
+    return limits(ctx, t, headers, clientIp, service, key);
+  });
+}
 
+function forbidden(service: Service): Admission {
+  return { ok: false, status: 403, detail: `Unauthenticated or unauthorized to access project ${service.project}` };
+}
+
+/** Rate limits (429), then the declared body size (413). */
+function limits(ctx: AdmitContext, t: ProxyTarget, headers: IncomingHttpHeaders, clientIp: string, service: Service, key: string): Admission {
   if (service.rateLimits.length > 0) {
     const allowed = ctx.limiter.allow(key, service.rateLimits, {
       path: t.rest || '/',

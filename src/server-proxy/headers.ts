@@ -34,22 +34,28 @@ export interface ForwardContext {
   upgrade?: boolean;
 }
 
-/** Names listed in the Connection header(s), lower case. */
-function connectionTokens(raw: readonly string[]): Set<string> {
-  const out = new Set<string>();
-  for (let i = 0; i < raw.length; i += 2) {
-    if (raw[i]!.toLowerCase() !== 'connection') continue;
-    for (const t of raw[i + 1]!.split(',')) {
-      const name = t.trim().toLowerCase();
-      if (name) out.add(name);
-    }
+/** Names listed in a Connection header value, lower case, beyond the usual close/keep-alive. */
+function addConnectionTokens(value: string, out: Set<string>): void {
+  for (const t of value.split(',')) {
+    const name = t.trim().toLowerCase();
+    if (name) out.add(name);
   }
-  return out;
+}
+
+/** `close`, `keep-alive` or `upgrade` alone: names nothing that is not already hop-by-hop. */
+function plainConnection(value: string): boolean {
+  const v = value.length < 16 ? value.trim().toLowerCase() : '';
+  return v === 'keep-alive' || v === 'close' || v === 'upgrade';
 }
 
 /** The headers sent to the replica: a flat [name, value, …] list in the client's order. */
 export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardContext): string[] {
-  const listed = connectionTokens(raw);
+  // Headers named in Connection are dropped too; the set is built only when one names any.
+  let listed: Set<string> | null = null;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 10 && name.toLowerCase() === 'connection' && !plainConnection(raw[i + 1]!)) addConnectionTokens(raw[i + 1]!, (listed ??= new Set()));
+  }
   const out: string[] = [];
   let priorXff: string | undefined;
   let host = '';
@@ -58,11 +64,11 @@ export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardConte
     const value = raw[i + 1]!;
     const lower = name.toLowerCase();
     if (lower === 'host') host = value;
-    if (lower === 'x-forwarded-for') {
+    else if (lower === 'x-forwarded-for') {
       priorXff = priorXff === undefined ? value : `${priorXff}, ${value}`;
       continue;
     }
-    if (HOP_BY_HOP.has(lower) || listed.has(lower) || FORWARDED.has(lower)) {
+    if (HOP_BY_HOP.has(lower) || FORWARDED.has(lower) || (listed !== null && listed.has(lower))) {
       if (ctx.upgrade && lower === 'upgrade') out.push(name, value);
       continue;
     }
@@ -77,6 +83,28 @@ export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardConte
   );
   if (host) out.push('X-Forwarded-Host', host);
   return out;
+}
+
+/** downstreamResponseHeaders over undici's raw [name, value, …] Buffers (no header object built). */
+export function downstreamRawHeaders(raw: readonly Buffer[]): string[] {
+  const out: string[] = [];
+  let listed: Set<string> | null = null;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toString('latin1');
+    const lower = name.toLowerCase();
+    if (HOP_BY_HOP.has(lower) || RESPONSE_DROP.has(lower)) {
+      if (lower === 'connection') {
+        const v = raw[i + 1]!.toString('latin1');
+        if (!plainConnection(v)) addConnectionTokens(v, (listed ??= new Set()));
+      }
+      continue;
+    }
+    out.push(name, raw[i + 1]!.toString('latin1'));
+  }
+  if (listed === null) return out;
+  const kept: string[] = [];
+  for (let i = 0; i < out.length; i += 2) if (!listed.has(out[i]!.toLowerCase())) kept.push(out[i]!, out[i + 1]!);
+  return kept;
 }
 
 /** The replica's response headers as sent to the client: a flat [name, value, …] list. */

@@ -1,17 +1,22 @@
 // One proxied HTTP request: admit (404/403/429/413) → pick a pooled connection to a Ready
 // replica → stream the body up (counted against clientMaxBodySize when it has no length) →
-// stream the response down with the replica's status. Nothing is buffered: undici writes
-// into the ServerResponse and waits for 'drain', the request stream is read only as fast as
-// the replica takes it.
+// stream the response down with the replica's status. Nothing is buffered: response chunks are
+// written to the ServerResponse as they arrive and the replica's socket is paused until it
+// drains; the request stream is read only as fast as the replica takes it.
+//
+// This is the hot path (issue 8, P6): one handler object per request on undici's dispatch()
+// (no promise, no AbortController, no parsed header object), admission synchronous unless the
+// service uses proxy auth, the stats count taken when the response closes.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { Readable } from 'node:stream';
+import type { Dispatcher } from 'undici';
 import type { Logger } from 'pino';
-import { admit, type AdmitContext } from './admit.js';
-import { downstreamResponseHeaders, upstreamRequestHeaders } from './headers.js';
-import { parseProxyTarget, upstreamTarget } from './paths.js';
+import { admit, type Admission, type AdmitContext } from './admit.js';
+import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
+import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
 import type { InProcessStats } from './stats.js';
 import { upstreamError, type UpstreamPools } from './upstream.js';
 
@@ -58,10 +63,10 @@ async function* limited(body: Readable, limit: number): AsyncGenerator<Buffer> {
   }
 }
 
-export async function proxyHttp(ctx: HttpProxyContext, req: IncomingMessage, res: ServerResponse, clientIp: string, proto: string): Promise<void> {
+/** Proxy one request; never throws (failures become a JSON answer or a cut connection). */
+export function proxyHttp(ctx: HttpProxyContext, req: IncomingMessage, res: ServerResponse, clientIp: string, proto: string): void {
   const started = performance.now();
-  const url = req.url ?? '/';
-  const t = parseProxyTarget(url);
+  const t = parseProxyTarget(req.url ?? '/');
   if (!t) return sendDetail(req, res, 404, 'Not Found');
   if (t.rest === '') {
     // dstack: 308 to the trailing slash, absolute from the Host header, query kept; no lookup.
@@ -72,49 +77,115 @@ export async function proxyHttp(ctx: HttpProxyContext, req: IncomingMessage, res
     return;
   }
 
-  // 1. Admission: service, auth, rate limit, declared body size.
-  const a = await admit(ctx, t, req.headers, clientIp);
+  // 1. Admission: service, auth, rate limit, declared body size (async only for proxy auth).
+  const a = admit(ctx, t, req.headers, clientIp);
+  if (a instanceof Promise) {
+    a.then(
+      (r) => relay(ctx, req, res, clientIp, proto, t, r, started),
+      (err: unknown) => {
+        ctx.logger?.error({ err }, 'server proxy failed');
+        sendDetail(req, res, 500, 'Internal Server Error');
+      },
+    );
+  } else relay(ctx, req, res, clientIp, proto, t, a, started);
+}
+
+function relay(ctx: HttpProxyContext, req: IncomingMessage, res: ServerResponse, clientIp: string, proto: string, t: ProxyTarget, a: Admission, started: number): void {
   if (!a.ok) return sendDetail(req, res, a.status, a.detail, a.headers);
   const { service, key } = a;
-  res.once('close', () => ctx.stats.record(key, performance.now() - started));
+  if (res.destroyed) return; // the client left while auth was asked
 
   // 2. The upstream request.
   const headers = upstreamRequestHeaders(req.rawHeaders, { clientIp, proto, dropAuthorization: service.auth });
   const limit = service.clientMaxBodySize;
   let body: Readable | null = null;
   if (hasBody(req)) body = limit > 0 && req.headers['content-length'] === undefined ? Readable.from(limited(req, limit), { objectMode: false }) : req;
-  const abort = new AbortController();
-  res.once('close', () => {
-    if (!res.writableFinished) abort.abort();
-  });
 
   // 3. Relay: headers and body as they come.
-  try {
-    await ctx.pools.get(key).stream(
-      {
-        path: upstreamTarget(t, service.stripPrefix),
-        method: req.method as 'GET',
-        headers,
-        body,
-        signal: abort.signal,
-        headersTimeout: ctx.readTimeoutMs,
-        bodyTimeout: ctx.readTimeoutMs,
-      },
-      ({ statusCode, headers: h }) => {
-        res.writeHead(statusCode, STATUS_CODES[statusCode] ?? 'Unknown', downstreamResponseHeaders(h));
-        return res;
-      },
-    );
-  } catch (err) {
-    if (abort.signal.aborted && !res.headersSent) return; // the client went away
+  const handler = new RelayHandler(ctx, req, res, key, started);
+  res.once('close', handler.onClientClose);
+  ctx.pools.get(key).dispatch(
+    {
+      path: upstreamTarget(t, service.stripPrefix),
+      method: req.method as Dispatcher.HttpMethod,
+      headers,
+      body,
+      headersTimeout: ctx.readTimeoutMs,
+      bodyTimeout: ctx.readTimeoutMs,
+    },
+    handler,
+  );
+}
+
+/** The client went away: why the upstream request was aborted. */
+class ClientClosedError extends Error {
+  readonly code = 'DP_CLIENT_CLOSED';
+}
+
+/** undici's dispatch handler for one request, writing straight into the ServerResponse. */
+class RelayHandler implements Dispatcher.DispatchHandler {
+  #abort: ((err?: Error) => void) | null = null;
+  #resume: (() => void) | null = null;
+  #clientGone = false;
+  #done = false;
+
+  constructor(
+    private readonly ctx: HttpProxyContext,
+    private readonly req: IncomingMessage,
+    private readonly res: ServerResponse,
+    private readonly key: string,
+    private readonly started: number,
+  ) {}
+
+  /** The response closed: counted; an unfinished exchange is aborted upstream. */
+  readonly onClientClose = (): void => {
+    this.ctx.stats.record(this.key, performance.now() - this.started);
+    if (this.res.writableFinished || this.#done) return;
+    this.#clientGone = true;
+    this.#abort?.(new ClientClosedError('the client went away'));
+  };
+
+  readonly #onDrain = (): void => {
+    const resume = this.#resume;
+    this.#resume = null;
+    resume?.();
+  };
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.#abort = abort;
+    if (this.#clientGone) abort(new ClientClosedError('the client went away'));
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void, statusText: string): boolean {
+    if (statusCode < 200) return true; // 1xx: Node answers Expect itself; nothing to relay
+    this.#resume = resume;
+    this.res.writeHead(statusCode, STATUS_CODES[statusCode] ?? (statusText || 'Unknown'), downstreamRawHeaders(rawHeaders));
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.res.write(chunk)) return true;
+    this.res.once('drain', this.#onDrain);
+    return false;
+  }
+
+  onComplete(): void {
+    this.#done = true;
+    this.res.end();
+  }
+
+  onError(err: Error): void {
+    this.#done = true;
+    const { ctx, req, res, key } = this;
+    if (this.#clientGone) return;
     if (err instanceof BodyTooLargeError) return sendDetail(req, res, 413, err.message);
     if (res.headersSent) {
-      ctx.logger?.debug({ service: key, err: (err as Error).message }, 'upstream response cut short');
+      ctx.logger?.debug({ service: key, err: err.message }, 'upstream response cut short');
       res.destroy();
       return;
     }
     const e = upstreamError(err, key);
-    ctx.logger?.warn({ service: key, status: e.status, err: (err as Error).message }, 'upstream request failed');
+    ctx.logger?.warn({ service: key, status: e.status, err: err.message }, 'upstream request failed');
     sendDetail(req, res, e.status, e.detail);
   }
 }

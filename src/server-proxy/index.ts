@@ -2,7 +2,7 @@ export { registerServerProxy, type ServerProxy, type ServerProxyOptions } from '
 export { startServerProxy, type ExtraRoutes, type RunningServerProxy, type ServerProxyDeps, type ServerProxyServerOptions } from './server.js';
 export { createInProcessStats, type InProcessStats } from './stats.js';
 export { RateLimiter, longestPrefix } from './rate-limit.js';
-export { downstreamResponseHeaders, upstreamRequestHeaders, HOP_BY_HOP } from './headers.js';
+export { downstreamRawHeaders, downstreamResponseHeaders, upstreamRequestHeaders, HOP_BY_HOP } from './headers.js';
 export { parseProxyTarget, upstreamTarget, SERVICES_PREFIX } from './paths.js';
 export type { Authorize } from './admit.js';
 export type { ConnectFn } from './upstream.js';

@@ -5,9 +5,14 @@
 //
 // The proxy runs in the route's onRequest hook and hijacks the reply there: fastify never reads
 // or parses the body (no content-type parser, no bodyLimit, no 415 for odd media types).
+// On a plain HTTP/1 server (no trustProxy), requests under /proxy/services/ go straight from the
+// server's 'request' event to the proxy (`fastPath`, default on): fastify's routing, request and
+// reply objects cost more than the proxying itself. The routes stay for app.inject() and for
+// servers where the fast path is off; both run the same proxyHttp.
 
 import type { FastifyInstance, FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { ProxyState, Service } from '../spec/types.js';
@@ -39,6 +44,12 @@ export interface ServerProxyOptions {
   /** For rate limits and stats. Default the system clock. */
   clock?: { now(): number };
   logger?: Logger;
+  /**
+   * Serve /proxy/services/ from the HTTP server's 'request' event, ahead of fastify. Default true.
+   * App-wide fastify hooks (onRequest, onResponse…) then do not see proxied requests; set false
+   * when a host server needs them. Off by itself with trustProxy or HTTP/2.
+   */
+  fastPath?: boolean;
 }
 
 export interface ServerProxy {
@@ -81,10 +92,12 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
 
   const onRequest = (req: FastifyRequest, reply: FastifyReply, done: HookHandlerDoneFunction): void => {
     reply.hijack();
-    proxyHttp(ctx, req.raw, reply.raw, plainIp(req.ip), req.protocol).catch((err: unknown) => {
+    try {
+      proxyHttp(ctx, req.raw, reply.raw, plainIp(req.ip), req.protocol);
+    } catch (err) {
       o.logger?.error({ err }, 'server proxy failed');
       sendDetail(req.raw, reply.raw, 500, 'Internal Server Error');
-    });
+    }
     done();
   };
   const unreachable = async (): Promise<never> => {
@@ -100,6 +113,9 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     { prefix: SERVICES_PREFIX },
   );
 
+  let closing = false;
+  if (o.fastPath !== false) installFastPath(app, ctx, () => closing, o.logger);
+
   // Upgraded sockets leave the HTTP server's bookkeeping: closed here at shutdown.
   const upgraded = new Set<Duplex>();
   const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
@@ -112,6 +128,7 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
   };
   app.server.on('upgrade', onUpgrade);
   app.addHook('preClose', async () => {
+    closing = true; // fastify answers 503 while closing; the fast path hands over to it
     app.server.off('upgrade', onUpgrade);
     for (const s of upgraded) s.destroy();
   });
@@ -119,4 +136,29 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     await pools.close();
   });
   return { stats, limiter, pools };
+}
+
+const FAST_PREFIX = `${SERVICES_PREFIX}/`;
+
+/**
+ * Put the proxy in front of fastify's 'request' listener for /proxy/services/ URLs. Skipped
+ * (the fastify routes serve) unless the server is HTTP/1 with exactly fastify's listener and
+ * no trustProxy (req.ip and req.protocol would then come from X-Forwarded-*).
+ */
+function installFastPath(app: FastifyInstance, ctx: HttpProxyContext, closing: () => boolean, logger: Logger | undefined): void {
+  const config = app.initialConfig as { http2?: boolean; trustProxy?: unknown };
+  const server = app.server as unknown as Server;
+  if (config.http2 || config.trustProxy || server.listenerCount('request') !== 1) return;
+  const fastify = server.listeners('request')[0] as (req: IncomingMessage, res: ServerResponse) => void;
+  server.removeListener('request', fastify);
+  server.on('request', function onRequest(this: Server, req: IncomingMessage, res: ServerResponse): void {
+    if (!req.url?.startsWith(FAST_PREFIX) || closing()) return fastify.call(this, req, res);
+    const socket = req.socket as Socket & { encrypted?: boolean };
+    try {
+      proxyHttp(ctx, req, res, plainIp(socket.remoteAddress), socket.encrypted ? 'https' : 'http');
+    } catch (err) {
+      logger?.error({ err }, 'server proxy failed');
+      sendDetail(req, res, 500, 'Internal Server Error');
+    }
+  });
 }

@@ -3,7 +3,7 @@
 // undici Pool per service whose connector is that function, so keep-alive connections over
 // tunnels are reused across requests. Errors are mapped to the proxy's statuses here.
 
-import type { Socket } from 'node:net';
+import { Socket as NetSocket, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { Pool } from 'undici';
 
@@ -93,7 +93,11 @@ export class UpstreamPools {
       keepAliveTimeout: this.#o.keepAliveTimeoutMs ?? 4_000,
       connect: (_opts, callback) => {
         connectWithTimeout(connect, serviceKey, connectTimeoutMs).then(
-          (stream) => callback(null, stream as unknown as Socket),
+          (stream) => {
+            // Requests are small writes answered by the replica: no Nagle delay on TCP replicas.
+            if (stream instanceof NetSocket) stream.setNoDelay(true);
+            callback(null, stream as unknown as Socket);
+          },
           (err: Error) => callback(err, null),
         );
       },

@@ -1,7 +1,7 @@
 // The pure rules of the server proxy: paths, headers, rate limits, stats windows.
 
 import { describe, expect, it } from 'vitest';
-import { downstreamResponseHeaders, upstreamRequestHeaders } from '../../src/server-proxy/headers.js';
+import { downstreamRawHeaders, downstreamResponseHeaders, upstreamRequestHeaders } from '../../src/server-proxy/headers.js';
 import { parseProxyTarget, upstreamTarget } from '../../src/server-proxy/paths.js';
 import { longestPrefix, RateLimiter } from '../../src/server-proxy/rate-limit.js';
 import { createInProcessStats } from '../../src/server-proxy/stats.js';
@@ -40,6 +40,11 @@ describe('headers', () => {
     expect(
       downstreamResponseHeaders({ server: 'x', date: 'y', connection: 'close, x-conn', 'x-conn': '1', 'keep-alive': 'timeout=5', 'transfer-encoding': 'chunked', 'set-cookie': ['a=1', 'b=2'], 'content-type': 'text/plain' }),
     ).toEqual(['set-cookie', 'a=1', 'set-cookie', 'b=2', 'content-type', 'text/plain']);
+  });
+  it('the same rules over raw Buffers, names kept as the replica sent them', () => {
+    const raw = ['Server', 'x', 'Date', 'y', 'Connection', 'close, X-Conn', 'X-Conn', '1', 'Keep-Alive', 'timeout=5', 'Transfer-Encoding', 'chunked', 'Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain'];
+    expect(downstreamRawHeaders(raw.map((s) => Buffer.from(s, 'latin1')))).toEqual(['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain']);
+    expect(downstreamRawHeaders(['Connection', 'keep-alive', 'Content-Length', '0'].map((s) => Buffer.from(s)))).toEqual(['Content-Length', '0']);
   });
 });
 
