@@ -1,26 +1,29 @@
 // P5: requests/s and p50/p99 through Nginx → balancer socket → ssh2 tunnel vs Nginx → Unix
 // socket → OpenSSH `ssh -L` tunnel, same sshd and backend, measured in the same run with wrk
 // (-t1 -c16 -d5s): with upstream keepalive, without it (a new channel per request), and a
-// 100 MiB download. The backend is a separate Node process, so the tunnel process does
-// nothing but tunnel.
+// 100 MiB download. The ssh2 side is the SSH loop alone in a child process
+// (bench/ssh-child.ts), the backend another, so each tunnel process does nothing but tunnel
+// and its CPU per request can be read from /proc next to the ssh client's.
+// P8 (bench/ssh-scale.ts): RSS and idle CPU with 500 live tunnels.
 
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { pino } from 'pino';
-import { Controller } from '../src/reconcilers/controller.js';
-import { createSshLoop } from '../src/reconcilers/ssh/index.js';
-import type { AnyLoop } from '../src/reconcilers/types.js';
+import { Balancer } from '../src/reconcilers/ssh/index.js';
 import { emptyState, type ProxyState } from '../src/spec/types.js';
 import { eventually, startTestNginx } from '../test/helpers/nginx.js';
 import { freePorts } from '../test/helpers/ports.js';
 import { startSshdChain } from '../test/helpers/sshd.js';
 import { tmpDir } from '../test/helpers/tmp.js';
+import { scaleRows, startChild, stopChild } from './ssh-scale.js';
 import type { Row } from './table.js';
 
 const run = promisify(execFile);
 const BIG = 100 * 1024 * 1024; // 100 MiB
+/** wrk rounds per pair, alternating which side goes first; the median is reported. */
+const ROUNDS = 5;
+const DOWNLOAD_ROUNDS = 3;
 
 const BACKEND = `
 const http = require('node:http');
@@ -41,10 +44,22 @@ interface Wrk {
   rps: number;
   p50: number;
   p99: number;
+  /** CPU time of the tunnel process per request, µs. */
+  cpuUs: number;
 }
 
-async function wrk(url: string): Promise<Wrk> {
-  const { stdout } = await run('wrk', ['-t1', '-c16', '-d5s', '--latency', url], { timeout: 60_000 });
+/** User + system CPU of a process so far, µs (clock ticks of 10 ms). */
+function cpuOf(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return (Number(f[11]) + Number(f[12])) * 10_000;
+}
+
+async function wrk(url: string, tunnelPid: number, seconds = 5): Promise<Wrk> {
+  const cpu0 = cpuOf(tunnelPid);
+  const { stdout } = await run('wrk', ['-t1', '-c16', `-d${seconds}s`, '--latency', url], { timeout: 60_000 });
+  const cpuUs = cpuOf(tunnelPid) - cpu0;
+  const requests = Number(/(\d+) requests in/.exec(stdout)?.[1] ?? 0);
   const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(stdout)?.[1] ?? 0);
   const ms = (p: string): number => {
     const m = new RegExp(`\\s${p}%\\s+([\\d.]+)(us|ms|s)`).exec(stdout);
@@ -52,7 +67,7 @@ async function wrk(url: string): Promise<Wrk> {
     const v = Number(m[1]);
     return m[2] === 'us' ? v / 1000 : m[2] === 's' ? v * 1000 : v;
   };
-  return { rps, p50: ms('50'), p99: ms('99') };
+  return { rps, p50: ms('50'), p99: ms('99'), cpuUs: requests > 0 ? cpuUs / requests : 0 };
 }
 
 async function download(url: string): Promise<number> {
@@ -61,30 +76,31 @@ async function download(url: string): Promise<number> {
 }
 
 export async function sshRows(): Promise<Row[]> {
+  return [...(await p5Rows()), ...(await scaleRows())];
+}
+
+async function p5Rows(): Promise<Row[]> {
   const tmp = tmpDir('dp-bench-ssh-');
   const procs: ChildProcess[] = [];
   const chain = await startSshdChain(join(tmp.dir, 'ssh'), 1);
   const sshd = chain.sshds[0]!;
   const ng = await startTestNginx();
-  let controller: Controller | undefined;
-  let loop: ReturnType<typeof createSshLoop> | undefined;
+  let tunnels: ChildProcess | undefined;
   try {
     const [appPort, nginxKa, nginxNoKa, opensshKa, opensshNoKa] = (await freePorts(5)) as [number, number, number, number, number];
     const backend = spawn(process.execPath, ['-e', BACKEND, String(appPort)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
     procs.push(backend);
     await new Promise((r) => backend.once('message', r));
 
-    // ssh2: the SSH loop with one replica.
+    // ssh2: the SSH loop with one replica, in its own process.
     const state: ProxyState = emptyState();
     state.spec.projects = [{ name: 'bench', sshPrivateKey: chain.key.privateKey }];
     state.spec.services = [{ project: 'bench', run: 'app', https: false, auth: false, clientMaxBodySize: 1024, stripPrefix: true, rateLimits: [], replicas: [{ id: 'r1', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }] }];
-    loop = createSshLoop({ stateDir: tmp.dir, appHost: '127.0.0.1' });
-    controller = new Controller({ loops: [loop as unknown as AnyLoop], getSpec: () => ({ state, generation: 1 }), logger: pino({ level: 'silent' }) });
-    await controller.start();
-    await eventually(() => (controller!.statuses().loops.ssh?.objects['bench/app/r1']?.[0]?.reason === 'Connected' ? true : undefined), 20_000);
-    const ssh2Sock = loop.balancer.socketPathFor('bench/app');
+    const stateDir = join(tmp.dir, 'gw');
+    tunnels = await startChild(state, stateDir, 30_000);
+    const ssh2Sock = new Balancer({ socketDir: join(stateDir, 'sockets') }).socketPathFor('bench/app');
 
-    // OpenSSH: ssh -L <unix socket>:127.0.0.1:<app>.
+    // OpenSSH: ssh -L <unix socket>:127.0.0.1:<app>, its default cipher (chacha20-poly1305).
     const keyFile = join(tmp.dir, 'ssh', 'client_ed25519');
     const opensshSock = join(tmp.dir, 'openssh.sock');
     const ssh = spawn('ssh', ['-N', '-o', 'StrictHostKeyChecking=no', '-o', 'UserKnownHostsFile=/dev/null', '-o', 'LogLevel=ERROR', '-i', keyFile, '-p', String(sshd.port), '-L', `${opensshSock}:127.0.0.1:${appPort}`, `${sshd.user}@127.0.0.1`], { stdio: 'ignore' });
@@ -100,18 +116,24 @@ server {
     writeFileSync(join(ng.paths.confDir, 'sites', 'bench-ssh.conf'), [site(nginxKa, ssh2Sock, true), site(nginxNoKa, ssh2Sock, false), site(opensshKa, opensshSock, true), site(opensshNoKa, opensshSock, false)].join('\n'));
     await ng.reload();
     await eventually(async () => ((await wrkWarm(`http://127.0.0.1:${nginxKa}/`)) ? true : undefined));
+    await eventually(async () => ((await wrkWarm(`http://127.0.0.1:${opensshKa}/`)) ? true : undefined));
+    const ours = { pid: tunnels.pid ?? 0, ka: nginxKa, noKa: nginxNoKa };
+    const theirs = { pid: ssh.pid ?? 0, ka: opensshKa, noKa: opensshNoKa };
+    // Warm-up: the first seconds of the ssh2 process are spent in V8's optimising compiler.
+    for (const side of [ours, theirs]) for (const port of [side.ka, side.noKa]) await wrk(`http://127.0.0.1:${port}/`, side.pid, 2);
 
     const rows: Row[] = [];
-    const pair = async (id: string, name: string, ours: number, theirs: number): Promise<void> => {
-      // Alternating rounds, median of 3: the machine is shared, load drifts between runs.
+    const pair = async (id: string, name: string, mode: 'ka' | 'noKa'): Promise<void> => {
+      // Alternating rounds, medians: the machine is shared, load drifts between runs.
       const as: Wrk[] = [];
       const bs: Wrk[] = [];
-      for (let i = 0; i < 3; i++) {
-        as.push(await wrk(`http://127.0.0.1:${ours}/`));
-        bs.push(await wrk(`http://127.0.0.1:${theirs}/`));
+      for (let i = 0; i < ROUNDS; i++) {
+        const order = i % 2 === 0 ? [ours, theirs] : [theirs, ours];
+        for (const side of order) (side === ours ? as : bs).push(await wrk(`http://127.0.0.1:${side[mode]}/`, side.pid));
       }
       const a = median(as);
       const b = median(bs);
+      const cpu = (xs: Wrk[]): number => Math.round(medianOf(xs.map((x) => x.cpuUs)));
       rows.push({
         id,
         name,
@@ -121,18 +143,21 @@ server {
         ok: a.rps >= b.rps,
         better: 'higher',
         baseline: { name: 'nginx → ssh -L (OpenSSH)', value: Math.round(b.rps), measured: 'same run' },
-        note: `p50/p99 ssh2 ${a.p50}/${a.p99} ms, OpenSSH ${b.p50}/${b.p99} ms`,
+        note: `p50/p99 ssh2 ${a.p50}/${a.p99} ms, OpenSSH ${b.p50}/${b.p99} ms; tunnel CPU per request ssh2 ${cpu(as)} µs, OpenSSH ${cpu(bs)} µs; medians of ${ROUNDS} alternating rounds`,
       });
     };
-    await pair('P5', 'nginx → balancer → ssh2, upstream keepalive, 16 conns', nginxKa, opensshKa);
-    await pair('P5b', 'nginx → balancer → ssh2, a new channel per request', nginxNoKa, opensshNoKa);
-    const ours = await download(`http://127.0.0.1:${nginxKa}/big`);
-    const theirs = await download(`http://127.0.0.1:${opensshKa}/big`);
-    rows.push({ id: 'P5c', name: '100 MiB download through nginx → balancer → ssh2', value: Math.round(ours), unit: 'MiB/s', target: '≥ 1.0× OpenSSH', ok: ours >= theirs, better: 'higher', baseline: { name: 'nginx → ssh -L (OpenSSH)', value: Math.round(theirs), measured: 'same run' } });
+    await pair('P5', 'nginx → balancer → ssh2, upstream keepalive, 16 conns', 'ka');
+    await pair('P5b', 'nginx → balancer → ssh2, a new channel per request', 'noKa');
+    const down: { ours: number[]; theirs: number[] } = { ours: [], theirs: [] };
+    for (let i = 0; i < DOWNLOAD_ROUNDS; i++) {
+      const order = i % 2 === 0 ? (['ours', 'theirs'] as const) : (['theirs', 'ours'] as const);
+      for (const side of order) down[side].push(await download(`http://127.0.0.1:${side === 'ours' ? nginxKa : opensshKa}/big`));
+    }
+    const d = { ours: medianOf(down.ours), theirs: medianOf(down.theirs) };
+    rows.push({ id: 'P5c', name: '100 MiB download through nginx → balancer → ssh2', value: Math.round(d.ours), unit: 'MiB/s', target: '≥ 1.0× OpenSSH', ok: d.ours >= d.theirs, better: 'higher', baseline: { name: 'nginx → ssh -L (OpenSSH)', value: Math.round(d.theirs), measured: 'same run' }, note: `medians of ${DOWNLOAD_ROUNDS} alternating rounds` });
     return rows;
   } finally {
-    await controller?.stop();
-    await loop?.close();
+    if (tunnels) await stopChild(tunnels).catch(() => tunnels?.kill('SIGKILL'));
     for (const p of procs) p.kill('SIGKILL');
     await ng.stop();
     await chain.stop();
@@ -143,6 +168,11 @@ server {
 function median(runs: Wrk[]): Wrk {
   const sorted = [...runs].sort((x, y) => x.rps - y.rps);
   return sorted[Math.floor(sorted.length / 2)]!;
+}
+
+function medianOf(xs: number[]): number {
+  const sorted = [...xs].sort((x, y) => x - y);
+  return sorted[Math.floor(sorted.length / 2)] ?? 0;
 }
 
 async function wrkWarm(url: string): Promise<boolean> {

@@ -2,10 +2,14 @@
 // channel of the previous one. Failures come back as SshConnectError with the condition
 // reason they map to; messages never contain key material.
 
+import { connect as netConnect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
-import { Client, type Algorithms, type ClientChannel } from 'ssh2';
+import type { Algorithms, Client as Ssh2Client, ClientChannel } from 'ssh2';
 import type { HostKeyBook } from './host-keys.js';
+import { Client } from './ssh2-runtime.js';
 import type { HopTarget } from './targets.js';
+
+type Client = Ssh2Client;
 
 export type ConnectReason = 'ConnectFailed' | 'AuthFailed' | 'HostKeyMismatch';
 
@@ -58,6 +62,8 @@ export async function connectChain(hops: readonly HopTarget[], o: ChainOptions):
 function connectHop(hop: HopTarget, sock: Duplex | undefined, endpoint: string, o: ChainOptions): Promise<Client> {
   return new Promise((resolve, reject) => {
     const client = new Client();
+    // Hop 0: our own TCP socket, so that its writes can be coalesced (see coalesceWrites).
+    if (!sock) sock = coalesceWrites(netConnect({ host: hop.host, port: hop.port, noDelay: true }));
     let mismatch: string | null = null;
     let settled = false;
     const fail = (err: unknown): void => {
@@ -105,6 +111,31 @@ function connectHop(hop: HopTarget, sock: Duplex | undefined, endpoint: string, 
   });
 }
 
+/**
+ * ssh2 writes every SSH packet to its socket with its own write(): one syscall per packet, and
+ * on loopback TCP each costs as much as the tunnelling itself. Corking the socket at the first
+ * write of an event-loop turn and uncorking once the turn's I/O callbacks have run
+ * (setImmediate) sends every packet of that turn — channel opens, data of several channels,
+ * EOF + CLOSE — in one writev, the way OpenSSH flushes its output buffer once per poll loop.
+ */
+export function coalesceWrites(sock: Socket): Socket {
+  let corked = false;
+  const flush = (): void => {
+    corked = false;
+    sock.uncork();
+  };
+  const write = sock.write.bind(sock) as (chunk: Buffer) => boolean;
+  sock.write = ((chunk: Buffer): boolean => {
+    if (!corked) {
+      corked = true;
+      sock.cork();
+      setImmediate(flush);
+    }
+    return write(chunk);
+  }) as Socket['write'];
+  return sock;
+}
+
 /** Opens a direct-tcpip channel to host:port; rejects after timeoutMs (and closes a late one). */
 export function forwardOut(client: Client, host: string, port: number, timeoutMs: number): Promise<ClientChannel> {
   return new Promise((resolve, reject) => {
@@ -122,7 +153,7 @@ export function forwardOut(client: Client, host: string, port: number, timeoutMs
         }
         done = true;
         if (err) reject(err);
-        else resolve(stream);
+        else resolve(quietDestroy(stream));
       });
     } catch (err) {
       clearTimeout(timer);
@@ -130,6 +161,20 @@ export function forwardOut(client: Client, host: string, port: number, timeoutMs
       reject(err instanceof Error ? err : new Error(String(err)));
     }
   });
+}
+
+/**
+ * ssh2's Channel.destroy() is end() + close(), and Node's stream auto-destroy calls it once
+ * both sides are done: end() on a finished stream then builds an ERR_STREAM_ALREADY_FINISHED
+ * with a stack trace, per connection, for nobody. Same behaviour without the extra end().
+ */
+function quietDestroy(ch: ClientChannel): ClientChannel {
+  ch.destroy = function destroy(this: ClientChannel): ClientChannel {
+    if (!this.writableEnded) this.end();
+    this.close();
+    return this;
+  };
+  return ch;
 }
 
 function hopName(h: HopTarget): string {

@@ -1,0 +1,131 @@
+// The data-path pieces tuned for P5: pooled padding randomness, write coalescing on the SSH
+// socket, and splice() joining a balancer client with its upstream (bytes, backpressure, EOF).
+
+import { randomBytes, createHash } from 'node:crypto';
+import { connect, createServer, type Server, type Socket } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Balancer, type Upstream } from '../../../src/reconcilers/ssh/balancer.js';
+import { coalesceWrites } from '../../../src/reconcilers/ssh/ssh-chain.js';
+import { pooledRandomFill } from '../../../src/reconcilers/ssh/ssh2-runtime.js';
+import { tmpDir } from '../../helpers/tmp.js';
+
+describe('pooledRandomFill', () => {
+  /** A stand-in CSPRNG that counts: every byte it ever produced is distinct (mod 256 per call). */
+  const counting = (): { fill: (buf: Buffer, offset?: number, size?: number) => Buffer; calls: number[] } => {
+    let next = 0;
+    const calls: number[] = [];
+    const fill = (buf: Buffer, offset = 0, size = buf.length - offset): Buffer => {
+      calls.push(size);
+      for (let i = 0; i < size; i++) buf[offset + i] = next++ & 0xff;
+      return buf;
+    };
+    return { fill, calls };
+  };
+
+  it('fills exactly the requested range, from one bulk draw', () => {
+    const c = counting();
+    const fill = pooledRandomFill(c.fill as never);
+    const buf = Buffer.alloc(32, 0xee);
+    fill(buf, 5, 11);
+    expect([...buf.subarray(0, 5)]).toEqual([0xee, 0xee, 0xee, 0xee, 0xee]);
+    expect([...buf.subarray(5, 16)]).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    expect([...buf.subarray(16)]).toEqual(new Array(16).fill(0xee));
+    expect(c.calls).toEqual([16 * 1024]);
+  });
+
+  it('never hands out a byte twice and draws again when the pool is used up', () => {
+    const c = counting();
+    const fill = pooledRandomFill(c.fill as never);
+    const seen: number[] = [];
+    for (let i = 0; i < 2_000; i++) {
+      const b = Buffer.alloc(19);
+      fill(b, 0, 19);
+      seen.push(...b);
+    }
+    // 2,000 × 19 bytes = 38,000: three bulk draws of 16 KiB, consumed in order.
+    expect(c.calls).toEqual([16384, 16384, 16384]);
+    const firstPool = seen.slice(0, Math.floor(16384 / 19) * 19);
+    expect(firstPool.every((v, i) => v === (i & 0xff))).toBe(true);
+  });
+
+  it('passes large or unusual requests straight to the CSPRNG', () => {
+    const c = counting();
+    const fill = pooledRandomFill(c.fill as never);
+    fill(Buffer.alloc(1024));
+    fill(new Uint8Array(8) as unknown as Buffer, 0, 8);
+    expect(c.calls).toEqual([1024, 8]);
+  });
+});
+
+describe('coalesceWrites', () => {
+  let server: Server;
+  let port = 0;
+  const received: Buffer[] = [];
+  beforeAll(async () => {
+    server = createServer((s) => s.on('data', (d: Buffer) => received.push(d)));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    port = (server.address() as { port: number }).port;
+  });
+  afterAll(() => new Promise<void>((r) => server.close(() => r())));
+
+  it('holds the writes of one event-loop turn and sends them, in order, after it', async () => {
+    const sock = coalesceWrites(connect({ host: '127.0.0.1', port, noDelay: true }));
+    await new Promise((r) => sock.once('connect', r));
+    sock.write(Buffer.from('a'));
+    sock.write(Buffer.from('b'));
+    expect(sock.writableCorked).toBe(1);
+    expect(sock.writableLength).toBe(2);
+    await new Promise((r) => setImmediate(r));
+    expect(sock.writableCorked).toBe(0);
+    sock.write(Buffer.from('c'));
+    await new Promise<void>((r) => sock.end(() => r()));
+    const until = Date.now() + 5_000;
+    while (Buffer.concat(received).toString() !== 'abc' && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+    expect(Buffer.concat(received).toString()).toBe('abc');
+  });
+});
+
+describe('splice through the balancer socket', () => {
+  let echo: Server;
+  let balancer: Balancer;
+  let tmp: ReturnType<typeof tmpDir>;
+  beforeAll(async () => {
+    tmp = tmpDir('dp-splice-');
+    // Echoes everything and ends on EOF; 16 MiB is far beyond every socket buffer, so both
+    // directions hit backpressure.
+    echo = createServer({ allowHalfOpen: true }, (s) => s.pipe(s));
+    await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
+    const port = (echo.address() as { port: number }).port;
+    balancer = new Balancer({ socketDir: tmp.dir });
+    const upstream: Upstream = {
+      isReady: () => true,
+      open: () =>
+        new Promise((resolve, reject) => {
+          const s = connect({ host: '127.0.0.1', port, allowHalfOpen: true });
+          s.once('connect', () => resolve(s));
+          s.once('error', reject);
+        }),
+    };
+    balancer.setReplica('p/svc', 'r1', upstream);
+    await balancer.listen('p/svc');
+  });
+  afterAll(async () => {
+    await balancer.close();
+    await new Promise<void>((r) => echo.close(() => r()));
+    tmp.cleanup();
+  });
+
+  it('carries 16 MiB both ways intact and passes the EOF on', async () => {
+    const payload = randomBytes(16 * 1024 * 1024);
+    const client: Socket = connect({ path: balancer.socketPathFor('p/svc'), allowHalfOpen: true });
+    const chunks: Buffer[] = [];
+    client.on('data', (d: Buffer) => chunks.push(d));
+    const ended = new Promise((r) => client.once('end', r));
+    client.end(payload);
+    await ended;
+    const got = Buffer.concat(chunks);
+    expect(got.length).toBe(payload.length);
+    expect(createHash('sha256').update(got).digest('hex')).toBe(createHash('sha256').update(payload).digest('hex'));
+    client.destroy();
+  });
+});
