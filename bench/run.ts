@@ -5,6 +5,7 @@ import { writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
+import { serverProxyRows } from './server-proxy.js';
 import { specRows } from './spec.js';
 import { sshRows } from './ssh.js';
 import { statsRows } from './stats.js';
@@ -18,6 +19,7 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'stats', run: () => statsRows() },
   { name: 'stores', run: storeRows },
   { name: 'models', run: modelRows },
+  { name: 'server-proxy', run: serverProxyRows },
 ];
 
 async function main(): Promise<void> {
