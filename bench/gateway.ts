@@ -87,9 +87,16 @@ export async function gatewayRows(): Promise<Row[]> {
     const reloads0 = gw.nginxStats.reloads;
     const t0 = performance.now();
     await put(gw.apiUrl, doc);
-    for (const host of hosts) {
-      while ((await get(httpPort, host, agent)) !== 200) await new Promise((r) => setTimeout(r, 5));
-    }
+    // 16 checkers in parallel (as many as the agent's sockets), each polling its hosts until 200.
+    let nextHost = 0;
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (nextHost < hosts.length) {
+          const host = hosts[nextHost++]!;
+          while ((await get(httpPort, host, agent)) !== 200) await new Promise((r) => setTimeout(r, 5));
+        }
+      }),
+    );
     const convergeMs = performance.now() - t0;
     await gw.controller.whenIdle();
     const coldReloads = gw.nginxStats.reloads - reloads0;
