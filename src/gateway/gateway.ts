@@ -182,6 +182,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const metrics = createMetrics({
     loops: () => controller.counters(),
     nginx: () => nginxLoop.stats,
+    nginxConfigHash: () => nginxLoop.stats.configHash,
     generation: () => current.generation,
     services: () => stats.totals(current.state),
     accessLog: () => stats.counters(),

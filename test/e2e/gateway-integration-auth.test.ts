@@ -131,6 +131,11 @@ describe('GET /metrics', () => {
 
     const second = await scrape(t);
     expect(sampleValue(second, 'dstack_proxy_nginx_reloads_total')).toBeGreaterThan(reloads!);
+    // The applied config's hash: present, a sha256, and different once a site was added.
+    const hashOf = (samples: typeof first): string | undefined => samples.find((s) => s.name === 'dstack_proxy_nginx_config_info')?.labels.hash;
+    expect(hashOf(first)).toMatch(/^[0-9a-f]{64}$/);
+    expect(hashOf(second)).toMatch(/^[0-9a-f]{64}$/);
+    expect(hashOf(second)).not.toBe(hashOf(first));
     expect(sampleValue(second, 'dstack_proxy_document_generation')).toBe(r.json.generation);
     expect(sampleValue(second, 'dstack_proxy_nginx_reloads_total')).toBe(t.gw.nginxStats.reloads);
   });

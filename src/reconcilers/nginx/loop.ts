@@ -3,6 +3,7 @@
 // swap the rest in and reload once (apply.ts). Status per site: `Ready`, and `Degraded` with
 // nginx's own error line when a site is held back.
 
+import { createHash } from 'node:crypto';
 import { TerminalError } from '../../errors.js';
 import type { ProxyState, Service } from '../../spec/types.js';
 import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot } from '../types.js';
@@ -38,6 +39,8 @@ export interface FilePayload {
 }
 
 export interface NginxLoopStats {
+  /** sha256 over the owned files as last observed (names and contents), for /metrics. */
+  configHash: string | null;
   reloads: number;
   reloadFailures: number;
   lastReloadAt: number | null;
@@ -51,7 +54,7 @@ interface Observed {
 }
 
 export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats } {
-  const stats: NginxLoopStats = { reloads: 0, reloadFailures: 0, lastReloadAt: null, filesWritten: 0 };
+  const stats: NginxLoopStats = { configHash: null, reloads: 0, reloadFailures: 0, lastReloadAt: null, filesWritten: 0 };
   return {
     name: NGINX_LOOP,
     stats,
@@ -72,6 +75,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
 
     async observe(ctx: LoopContext): Promise<Observed> {
       const { owned, foreign } = await readOwned(o.confDir);
+      stats.configHash = configHash(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
       // Sites held back before they ever reached the disk keep their rejection on record
       // until the controller releases their key (released() below).
@@ -150,6 +154,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         },
         logger: ctx.logger,
       });
+      stats.configHash = configHash((await readOwned(o.confDir)).owned);
       for (const name of result.applied) {
         outcomes.set(name, 'done');
         const key = objectKey(name);
@@ -175,6 +180,12 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       return outcomes;
     },
   };
+}
+
+function configHash(files: Map<string, string>): string {
+  const h = createHash('sha256');
+  for (const name of [...files.keys()].sort()) h.update(name).update('\0').update(files.get(name)!).update('\0');
+  return h.digest('hex');
 }
 
 /** Status object key of a file: the site's domain, or `global`. */
