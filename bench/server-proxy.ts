@@ -15,6 +15,7 @@ import { freePorts } from '../test/helpers/ports.js';
 import { startSshdChain } from '../test/helpers/sshd.js';
 import { tmpDir } from '../test/helpers/tmp.js';
 import type { Row } from './table.js';
+import { runWrk, type WrkResult } from './wrk.js';
 
 const run = promisify(execFile);
 const GiB = 1024 * 1024 * 1024;
@@ -33,23 +34,9 @@ http.createServer((req, res) => {
 }).listen(Number(process.argv[1]), '127.0.0.1', () => process.send && process.send('up'));
 `;
 
-interface Wrk {
-  rps: number;
-  p50: number;
-  p99: number;
-}
+type Wrk = Pick<WrkResult, 'rps' | 'p50' | 'p99'>;
 
-async function wrk(url: string): Promise<Wrk> {
-  const { stdout } = await run('wrk', ['-t1', '-c16', '-d5s', '--latency', url], { timeout: 60_000 });
-  const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(stdout)?.[1] ?? 0);
-  const ms = (p: string): number => {
-    const m = new RegExp(`\\s${p}%\\s+([\\d.]+)(us|ms|s)`).exec(stdout);
-    if (!m) return 0;
-    const v = Number(m[1]);
-    return m[2] === 'us' ? v / 1000 : m[2] === 's' ? v * 1000 : v;
-  };
-  return { rps, p50: ms('50'), p99: ms('99') };
-}
+const wrk = (url: string): Promise<Wrk> => runWrk(url);
 
 function median(runs: Wrk[]): Wrk {
   const sorted = [...runs].sort((x, y) => x.rps - y.rps);

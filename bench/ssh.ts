@@ -18,6 +18,7 @@ import { startSshdChain } from '../test/helpers/sshd.js';
 import { tmpDir } from '../test/helpers/tmp.js';
 import { scaleRows, startChild, stopChild } from './ssh-scale.js';
 import type { Row } from './table.js';
+import { runWrk } from './wrk.js';
 
 const run = promisify(execFile);
 const BIG = 100 * 1024 * 1024; // 100 MiB
@@ -57,17 +58,9 @@ function cpuOf(pid: number): number {
 
 async function wrk(url: string, tunnelPid: number, seconds = 5): Promise<Wrk> {
   const cpu0 = cpuOf(tunnelPid);
-  const { stdout } = await run('wrk', ['-t1', '-c16', `-d${seconds}s`, '--latency', url], { timeout: 60_000 });
+  const r = await runWrk(url, seconds);
   const cpuUs = cpuOf(tunnelPid) - cpu0;
-  const requests = Number(/(\d+) requests in/.exec(stdout)?.[1] ?? 0);
-  const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(stdout)?.[1] ?? 0);
-  const ms = (p: string): number => {
-    const m = new RegExp(`\\s${p}%\\s+([\\d.]+)(us|ms|s)`).exec(stdout);
-    if (!m) return 0;
-    const v = Number(m[1]);
-    return m[2] === 'us' ? v / 1000 : m[2] === 's' ? v * 1000 : v;
-  };
-  return { rps, p50: ms('50'), p99: ms('99'), cpuUs: requests > 0 ? cpuUs / requests : 0 };
+  return { rps: r.rps, p50: r.p50, p99: r.p99, cpuUs: r.requests > 0 ? cpuUs / r.requests : 0 };
 }
 
 async function download(url: string): Promise<number> {
