@@ -134,12 +134,16 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
       plan: (next, base) => planFromController(controller, next, base),
       // A write through this process is reported by the watch too; reading here only makes it sooner.
       notify() {
-        void store.read().then((s) => {
-          if (s.generation > current.generation) {
-            current = s;
-            controller.notify();
-          }
-        });
+        // A failed read must not become an unhandled rejection (fatal in Node): the watch delivers it.
+        store.read().then(
+          (s) => {
+            if (s.generation > current.generation) {
+              current = s;
+              controller.notify();
+            }
+          },
+          (err: unknown) => logger.warn({ err }, 'reading the state after a write failed; the watch will deliver it'),
+        );
       },
       status: () => controller.statuses(),
       isReady: () => ready,
