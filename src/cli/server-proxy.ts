@@ -23,7 +23,8 @@ Options:
   --state-dir DIR           balancer sockets and scratch files (default: a temporary directory)
   --api-token-file FILE     require this bearer token on /api/v1/* and /api/stats/collect
   --connect-timeout SEC     opening a connection to a replica, then 504 (default: 10)
-  --read-timeout SEC        waiting for the replica's headers / between body chunks, then 504 (default: 300)
+  --read-timeout SEC        waiting for the replica's headers / between body chunks, then 504; a WebSocket
+                            with no traffic either way for this long is closed (default: 300)
   --log-level LEVEL         trace|debug|info|warn|error (default: info)
   -h, --help                show this help
 

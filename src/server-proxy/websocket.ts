@@ -1,7 +1,9 @@
 // WebSocket (and any other Upgrade) through the in-server proxy, which dstack refuses:
 // the same admission as HTTP, then the handshake is written to a fresh connection from
-// connect(serviceKey) and both sockets are piped until either side closes. The replica's
-// 101 (or refusal) reaches the client byte for byte.
+// connect(serviceKey) and both sockets are piped until either side closes, or until nothing
+// has moved either way for the read timeout (like Nginx's proxy_read_timeout on an upgraded
+// connection; a WebSocket kept open by pings is never idle). The replica's 101 (or refusal)
+// reaches the client byte for byte.
 
 import type { IncomingMessage } from 'node:http';
 import { STATUS_CODES } from 'node:http';
@@ -62,10 +64,26 @@ export function handleUpgrade(ctx: UpgradeContext, req: IncomingMessage, socket:
     ctx.stats.record(a.key, performance.now() - started);
     if (socket instanceof Socket) socket.setNoDelay(true);
     up.on('error', () => up.destroy());
-    up.once('close', () => socket.destroy());
-    socket.once('close', () => up.destroy());
+    // One timer for both directions, pushed back by every chunk: cheaper than a timer per socket.
+    const idle = setTimeout(() => {
+      ctx.logger?.debug({ service: a.key, idleMs: ctx.readTimeoutMs }, 'WebSocket idle past the read timeout, closed');
+      socket.destroy();
+      up.destroy();
+    }, ctx.readTimeoutMs);
+    idle.unref();
+    up.once('close', () => {
+      clearTimeout(idle);
+      socket.destroy();
+    });
+    socket.once('close', () => {
+      clearTimeout(idle);
+      up.destroy();
+    });
     socket.pipe(up);
     up.pipe(socket);
+    const active = (): void => void idle.refresh();
+    socket.on('data', active);
+    up.on('data', active);
   })().catch((err: unknown) => {
     ctx.logger?.error({ err }, 'WebSocket proxy failed');
     socket.destroy();
