@@ -15,6 +15,7 @@ import { RowTracker, documentOf, type ChangeListener, type RawRow, type StoreHea
 
 export const PG_CHANNEL = 'dstack_proxy_state';
 export const PG_POLL_MS = 5_000; // 5 s safety net behind LISTEN/NOTIFY
+export const PG_TIMEOUT_MS = 10_000; // 10 s: connect, and each query
 const MIGRATION_LOCK = 'dstack_proxy_state_migrations'; // hashtext() of this is the advisory lock key
 
 export interface PostgresStoreOptions {
@@ -25,6 +26,12 @@ export interface PostgresStoreOptions {
   pollMs?: number;
   /** Connections for reads and writes. Default 4. */
   poolSize?: number;
+  /**
+   * Opening a connection, and waiting for a query's answer; past it the database counts as
+   * unreachable (a partition keeps TCP up and silent: without it a PUT or GET would hang).
+   * Default 10 s. `?query_timeout=MS` in the URL overrides the query part.
+   */
+  timeoutMs?: number;
   /** LISTEN reconnect backoff: first delay (default 100 ms), doubling up to maxDelayMs (default 5 s). */
   reconnect?: { initialDelayMs?: number; maxDelayMs?: number };
   clock?: { now(): number };
@@ -68,7 +75,8 @@ export async function openPostgresStore(options: PostgresStoreOptions): Promise<
     throw new ProxyError('DP_ERR_BAD_OPTION', 'connectionString or config is required');
   }
   const config: pg.ClientConfig = { ...options.config, ...(options.connectionString ? { connectionString: options.connectionString } : {}) };
-  const pool = new pg.Pool({ ...config, max: options.poolSize ?? 4 });
+  const timeout = options.timeoutMs ?? PG_TIMEOUT_MS;
+  const pool = new pg.Pool({ query_timeout: timeout, ...config, connectionTimeoutMillis: timeout, max: options.poolSize ?? 4 });
   const store = new PostgresStore(pool, config, options);
   try {
     await migrate(pool);
@@ -192,12 +200,14 @@ class PostgresStore implements WatchedStateStore {
       this.tracker.wrote({ generation, hash, state, updatedAt });
       return { changed: true, generation, hash };
     } catch (err) {
-      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
       if (isConnectionError(err)) {
+        // No ROLLBACK on a dead or silent connection (it would wait out another timeout):
+        // releasing it as broken closes it, and the server rolls back.
         broken = err as Error;
         this.tracker.markUnreachable(err);
         throw unavailable(err);
       }
+      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
       throw err;
     } finally {
       client.release(broken);

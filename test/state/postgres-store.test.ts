@@ -8,6 +8,7 @@ import { loadDocument, type ProxyState } from '../../src/spec/index.js';
 import { PG_CHANNEL, openPostgresStore } from '../../src/state/postgres-store.js';
 import type { StoredState } from '../../src/state/store.js';
 import type { WatchedStateStore } from '../../src/state/watched-store.js';
+import { startFrozenRelay } from '../helpers/frozen-relay.js';
 import { eventually } from '../helpers/nginx.js';
 import { createTestDatabase, ensurePostgres, startPrivatePostgres, type PrivatePostgres, type TestDatabase } from '../helpers/postgres.js';
 
@@ -118,6 +119,34 @@ describe.skipIf(!havePostgres)('PostgreSQL state store', () => {
       await direct.end();
       const got = await eventually(() => seen.find((s) => s.generation === before + 1), 30_000);
       expect(got.state.spec).toEqual(variant(9).spec);
+    }, 90_000);
+
+    it('answers within its timeout during a partition (TCP up, nothing coming back), and catches up after', async () => {
+      const relay = await startFrozenRelay(`${server.config.host}/.s.PGSQL.${server.config.port}`);
+      try {
+        const config = { host: '127.0.0.1', port: relay.port, user: 'postgres', database: 'postgres' };
+        const watcher = await openPostgresStore({ config, timeoutMs: 500, pollMs: 200 });
+        const writer = await openPostgresStore({ config: server.config }); // not behind the relay
+        stores.push(watcher, writer);
+        const seen: StoredState[] = [];
+        watcher.watch((s) => seen.push(s));
+        const before = await watcher.read();
+
+        relay.freeze();
+        // Both a read and a write would wait forever on a silent connection; the timeout ends them.
+        expect((await watcher.read()).generation).toBe(before.generation);
+        expect(watcher.health()).toMatchObject({ connected: false, lastError: { reason: 'unreachable' } });
+        await expect(watcher.write(variant(20))).rejects.toMatchObject({ code: 'DP_ERR_STATE_UNAVAILABLE' });
+        const { generation } = await writer.write(variant(21)); // committed while the watcher cannot see it
+
+        relay.thaw();
+        const got = await eventually(() => seen.find((s) => s.generation === generation), 30_000);
+        expect(got.state).toEqual(variant(21));
+        await eventually(() => (watcher.health().connected ? true : undefined), 30_000);
+        expect((await watcher.write(variant(22))).generation).toBe(generation + 1);
+      } finally {
+        await relay.close();
+      }
     }, 90_000);
   });
 });
