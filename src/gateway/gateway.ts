@@ -153,11 +153,16 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
         loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined,
       ),
     notify() {
-      void store.read().then(async (s) => {
-        current = s;
-        controller.notify();
-        await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000));
-      });
+      // A failed read must not become an unhandled rejection (fatal in Node): log it; the next
+      // write or a restart reads the stored document again.
+      store
+        .read()
+        .then(async (s) => {
+          current = s;
+          controller.notify();
+          await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000));
+        })
+        .catch((err: unknown) => logger.error({ err }, 'reading the state after a write failed'));
     },
     status: () => controller.statuses(),
     isReady: () => ready,
