@@ -82,7 +82,9 @@ export async function openPostgresStore(options: PostgresStoreOptions): Promise<
     await migrate(pool);
   } catch (err) {
     await pool.end().catch(() => undefined);
-    throw new ProxyError('DP_ERR_STATE_CORRUPT', `cannot prepare the PostgreSQL state store: ${(err as Error).message}`, {}, { cause: err });
+    // An unreachable server is not a corrupt store: the operator fixes the network, not the data.
+    const code = isConnectionError(err) ? 'DP_ERR_STATE_UNAVAILABLE' : 'DP_ERR_STATE_CORRUPT';
+    throw new ProxyError(code, `cannot prepare the PostgreSQL state store: ${(err as Error).message}`, {}, { cause: err });
   }
   await store.read().catch(() => undefined); // an invalid row is reported by health(), not fatal
   return store;
@@ -99,7 +101,7 @@ async function migrate(pool: pg.Pool): Promise<void> {
       const { rows } = await client.query<{ v: number | null }>('SELECT MAX(version) AS v FROM proxy_schema_migrations');
       const current = rows[0]?.v ?? 0;
       const known = MIGRATIONS[MIGRATIONS.length - 1]?.version ?? 0;
-      if (current > known) throw new Error(`schema version ${current} is newer than this dstack-proxy knows (${known}); upgrade dstack-proxy`);
+      if (current > known) throw new ProxyError('DP_ERR_STATE_CORRUPT', `schema version ${current} is newer than this dstack-proxy knows (${known}); upgrade dstack-proxy`);
       for (const m of MIGRATIONS) {
         if (m.version <= current) continue;
         await client.query('BEGIN');
