@@ -167,10 +167,10 @@ export class Http1Connection implements ResponseSink {
     this.ex!.handler.onResponseStart(status, statusText, headers);
   }
 
-  onBody(chunk: Buffer): void {
+  onBody(chunk: Buffer, last: boolean): void {
     const ex = this.ex!;
     if (ex.finished) return;
-    if (!ex.handler.onResponseData(chunk) && !this.paused) {
+    if (!ex.handler.onResponseData(chunk, last) && !this.paused) {
       this.paused = true;
       this.socket.pause();
     }
@@ -256,7 +256,8 @@ export class Http1Connection implements ResponseSink {
 
 /** The request head, or the reason it cannot be sent. */
 function requestHead(req: Http1Request, defaultHost: string): string | Http1Error {
-  if (!TOKEN.test(req.method) || BAD_TARGET.test(req.path)) return new Http1Error('DP_HTTP1_BAD_REQUEST', 'invalid method or request target');
+  const check = req.validated !== true;
+  if (check && (!TOKEN.test(req.method) || BAD_TARGET.test(req.path))) return new Http1Error('DP_HTTP1_BAD_REQUEST', 'invalid method or request target');
   let head = `${req.method} ${req.path} HTTP/1.1\r\n`;
   let host = false;
   let length = false;
@@ -267,7 +268,7 @@ function requestHead(req: Http1Request, defaultHost: string): string | Http1Erro
     const n = name.length;
     if (n === 4 && name.toLowerCase() === 'host') host = true;
     else if (n === 14 && name.toLowerCase() === 'content-length') length = true;
-    if (!TOKEN.test(name) || BAD_VALUE.test(value)) return new Http1Error('DP_HTTP1_BAD_REQUEST', `invalid request header ${JSON.stringify(name)}`);
+    if (check && (!TOKEN.test(name) || BAD_VALUE.test(value))) return new Http1Error('DP_HTTP1_BAD_REQUEST', `invalid request header ${JSON.stringify(name)}`);
     head += `${name}: ${value}\r\n`;
   }
   if (!host) head += `Host: ${defaultHost}\r\n`;

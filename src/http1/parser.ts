@@ -20,7 +20,8 @@ export class ResponseParseError extends Error {
 export interface ResponseSink {
   /** Status line and headers ([name, value, …] as sent, values trimmed); 1xx never reach here. */
   onHead(status: number, statusText: string, headers: string[]): void;
-  onBody(chunk: Buffer): void;
+  /** `last`: this piece completes a body of known length (onEnd follows at once). */
+  onBody(chunk: Buffer, last: boolean): void;
   onEnd(): void;
 }
 
@@ -136,7 +137,7 @@ export class ResponseParser {
         this.#remaining -= take;
         const end = this.#remaining === 0;
         if (end) this.#state = DONE;
-        sink.onBody(i === 0 && take === n ? chunk : chunk.subarray(i, i + take));
+        sink.onBody(i === 0 && take === n ? chunk : chunk.subarray(i, i + take), end);
         i += take;
         if (end && this.#sink === sink) this.#end(sink);
       } else if (state === HEAD) {
@@ -147,10 +148,10 @@ export class ResponseParser {
         const take = Math.min(this.#remaining, n - i);
         this.#remaining -= take;
         if (this.#remaining === 0) this.#state = CHUNK_DATA_CR;
-        sink.onBody(chunk.subarray(i, i + take));
+        sink.onBody(chunk.subarray(i, i + take), false);
         i += take;
       } else if (state === UNTIL_CLOSE) {
-        sink.onBody(i === 0 ? chunk : chunk.subarray(i));
+        sink.onBody(i === 0 ? chunk : chunk.subarray(i), false);
         i = n;
       } else {
         const err = this.#chunkFraming(chunk, i);
@@ -248,23 +249,27 @@ export class ResponseParser {
       const value = text.slice(vs, ve);
       headers.push(name, value);
       p = e + 2;
-      // Only the framing headers are looked at; the length test avoids lower-casing the rest.
+      // Only the framing headers are looked at, compared without lower-casing (no string made).
       const len = name.length;
-      if (len === 14 && name.toLowerCase() === 'content-length') {
+      if (len === 14 && sameLower(name, 'content-length')) {
         if (!DIGITS.test(value)) return new ResponseParseError('invalid Content-Length');
         const v = Number(value);
         if (length !== -1 && length !== v) return new ResponseParseError('conflicting Content-Length headers');
         length = v;
-      } else if (len === 17 && name.toLowerCase() === 'transfer-encoding') {
+      } else if (len === 17 && sameLower(name, 'transfer-encoding')) {
         te = true;
-        const codings = value.toLowerCase();
-        const lastComma = codings.lastIndexOf(',');
-        chunked = (lastComma === -1 ? codings : codings.slice(lastComma + 1)).trim() === 'chunked';
-      } else if (len === 10 && name.toLowerCase() === 'connection') {
-        for (const token of value.toLowerCase().split(',')) {
-          const t = token.trim();
-          if (t === 'close') close = true;
-          else if (t === 'keep-alive' && minor === 0) close = false;
+        const lastComma = value.lastIndexOf(',');
+        chunked = (lastComma === -1 ? value : value.slice(lastComma + 1)).trim().toLowerCase() === 'chunked';
+      } else if (len === 10 && sameLower(name, 'connection')) {
+        if (value.length === 10 && sameLower(value, 'keep-alive')) {
+          if (minor === 0) close = false;
+        } else if (value.length === 5 && sameLower(value, 'close')) close = true;
+        else {
+          for (const token of value.toLowerCase().split(',')) {
+            const t = token.trim();
+            if (t === 'close') close = true;
+            else if (t === 'keep-alive' && minor === 0) close = false;
+          }
         }
       }
     }
@@ -381,6 +386,12 @@ export class ResponseParser {
     }
     return i;
   }
+}
+
+/** `s` equals `lower` (lower-case letters, digits and '-') ignoring ASCII case; same length assumed. */
+function sameLower(s: string, lower: string): boolean {
+  for (let i = 0; i < lower.length; i++) if ((s.charCodeAt(i) | 0x20) !== lower.charCodeAt(i)) return false;
+  return true;
 }
 
 function isOws(c: number): boolean {

@@ -221,7 +221,8 @@ export class Http1Pool implements ConnectionOwner {
     const tick = ++this.tick;
     const ms = this.#tickMs;
     for (const conn of this.#all) {
-      const silentMs = (tick - conn.stamp) * ms;
+      // Whole ticks since the stamp, less the partial one it fell in: never early, late by < 1 tick.
+      const silentMs = (tick - conn.stamp - 1) * ms;
       if (conn.ex === null) {
         if (silentMs >= this.#keepAliveMs) conn.kill();
       } else if (conn.paused) {

@@ -13,6 +13,12 @@ export interface Http1Request {
    */
   headers: readonly string[];
   /**
+   * The method, target and headers already obey RFC 9110 syntax (they come from Node's HTTP
+   * parser, like IncomingMessage.rawHeaders, plus constants): skip the check for CR/LF and other
+   * bytes that would break the framing. Default false: checked, DP_HTTP1_BAD_REQUEST when bad.
+   */
+  validated?: boolean;
+  /**
    * null / absent: no body. Buffer or string: sent with its Content-Length. Readable: streamed with
    * backpressure, with the Content-Length found in `headers` (the stream must match it), else chunked.
    */
@@ -23,8 +29,12 @@ export interface Http1Request {
 export interface Http1Handler {
   /** The final status and headers (1xx skipped), `[name, value, …]` as the replica sent them. */
   onResponseStart(status: number, statusText: string, headers: string[]): void;
-  /** A piece of the body; false pauses reading from the replica until the exchange's resume(). */
-  onResponseData(chunk: Buffer): boolean;
+  /**
+   * A piece of the body; false pauses reading from the replica until the exchange's resume().
+   * `last`: it completes a body of known length, onResponseEnd follows at once (a handler may
+   * finish its own output with it).
+   */
+  onResponseData(chunk: Buffer, last: boolean): boolean;
   onResponseEnd(): void;
   /** After onResponseStart this means the body was cut short. */
   onResponseError(err: Error): void;
