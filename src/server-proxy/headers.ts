@@ -16,7 +16,7 @@ export const HOP_BY_HOP = new Set([
   'trailer',
   'transfer-encoding',
   'upgrade',
-  // Not hop-by-hop by the RFC, but answered by our own server (100 Continue) and refused by undici.
+  // Not hop-by-hop by the RFC, but answered by our own server (100 Continue).
   'expect',
 ]);
 
@@ -48,6 +48,16 @@ function plainConnection(value: string): boolean {
   return v === 'keep-alive' || v === 'close' || v === 'upgrade';
 }
 
+/** By name length: may this name be one the request rules look at? Others are passed without lower-casing. */
+const REQUEST_LENGTHS = byLength([...HOP_BY_HOP, ...FORWARDED, 'host', 'authorization']);
+const RESPONSE_LENGTHS = byLength([...HOP_BY_HOP, ...RESPONSE_DROP]);
+
+function byLength(names: readonly string[]): boolean[] {
+  const out: boolean[] = [];
+  for (const n of names) out[n.length] = true;
+  return out;
+}
+
 /** The headers sent to the replica: a flat [name, value, …] list in the client's order. */
 export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardContext): string[] {
   // Headers named in Connection are dropped too; the set is built only when one names any.
@@ -62,6 +72,10 @@ export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardConte
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
     const value = raw[i + 1]!;
+    if (listed === null && REQUEST_LENGTHS[name.length] !== true) {
+      out.push(name, value);
+      continue;
+    }
     const lower = name.toLowerCase();
     if (lower === 'host') host = value;
     else if (lower === 'x-forwarded-for') {
@@ -85,21 +99,25 @@ export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardConte
   return out;
 }
 
-/** downstreamResponseHeaders over undici's raw [name, value, …] Buffers (no header object built). */
-export function downstreamRawHeaders(raw: readonly Buffer[]): string[] {
+/** downstreamResponseHeaders over the replica's raw [name, value, …] list (no header object built). */
+export function downstreamRawHeaders(raw: readonly string[]): string[] {
   const out: string[] = [];
   let listed: Set<string> | null = null;
   for (let i = 0; i < raw.length; i += 2) {
-    const name = raw[i]!.toString('latin1');
+    const name = raw[i]!;
+    if (RESPONSE_LENGTHS[name.length] !== true) {
+      out.push(name, raw[i + 1]!);
+      continue;
+    }
     const lower = name.toLowerCase();
     if (HOP_BY_HOP.has(lower) || RESPONSE_DROP.has(lower)) {
       if (lower === 'connection') {
-        const v = raw[i + 1]!.toString('latin1');
+        const v = raw[i + 1]!;
         if (!plainConnection(v)) addConnectionTokens(v, (listed ??= new Set()));
       }
       continue;
     }
-    out.push(name, raw[i + 1]!.toString('latin1'));
+    out.push(name, raw[i + 1]!);
   }
   if (listed === null) return out;
   const kept: string[] = [];

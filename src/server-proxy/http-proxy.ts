@@ -4,16 +4,22 @@
 // written to the ServerResponse as they arrive and the replica's socket is paused until it
 // drains; the request stream is read only as fast as the replica takes it.
 //
-// This is the hot path (issue 8, P6): one handler object per request on undici's dispatch()
-// (no promise, no AbortController, no parsed header object), admission synchronous unless the
-// service uses proxy auth, the stats count taken when the response closes.
+// This is the hot path (issue 8, P6): one handler object per request on the HTTP/1.1 pool's
+// dispatch() (no promise, no AbortController, no parsed header object), admission synchronous
+// unless the service uses proxy auth, the stats count taken when the response closes.
+//
+// Failures: no response head → 502 (504 for the read timeout, 503 when no replica is Ready);
+// another replica is tried only while opening a connection (the balancer's connect()). A
+// keep-alive connection that the replica closed just as our request arrived (nothing answered)
+// is retried once on a fresh connection for idempotent requests without a streamed body; a POST,
+// or any request with a body, then fails with 502 rather than risk sending it twice.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { Readable } from 'node:stream';
-import type { Dispatcher } from 'undici';
 import type { Logger } from 'pino';
+import type { Http1Exchange, Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
 import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
@@ -23,7 +29,6 @@ import { upstreamError, type UpstreamPools } from './upstream.js';
 export interface HttpProxyContext extends AdmitContext {
   pools: UpstreamPools;
   stats: InProcessStats;
-  readTimeoutMs: number;
   logger?: Logger;
 }
 
@@ -103,16 +108,10 @@ function relay(ctx: HttpProxyContext, req: IncomingMessage, res: ServerResponse,
 
   // 3. Relay: headers and body as they come.
   const handler = new RelayHandler(ctx, req, res, key, started);
-  res.once('close', handler.onClientClose);
-  ctx.pools.get(key).dispatch(
-    {
-      path: upstreamTarget(t, service.stripPrefix),
-      method: req.method as Dispatcher.HttpMethod,
-      headers,
-      body,
-      headersTimeout: ctx.readTimeoutMs,
-      bodyTimeout: ctx.readTimeoutMs,
-    },
+  res.on('close', handler.onClientClose); // once: a response closes once, without a wrapper per request
+  handler.exchange = ctx.pools.get(key).dispatch(
+    // Method, target and headers passed Node's parser (plus our X-Forwarded-* from the socket): no second check.
+    { method: req.method ?? 'GET', path: upstreamTarget(t, service.stripPrefix), headers, body, validated: true },
     handler,
   );
 }
@@ -122,10 +121,9 @@ class ClientClosedError extends Error {
   readonly code = 'DP_CLIENT_CLOSED';
 }
 
-/** undici's dispatch handler for one request, writing straight into the ServerResponse. */
-class RelayHandler implements Dispatcher.DispatchHandler {
-  #abort: ((err?: Error) => void) | null = null;
-  #resume: (() => void) | null = null;
+/** The pool's handler for one request, writing straight into the ServerResponse. */
+class RelayHandler implements Http1Handler {
+  exchange: Http1Exchange | null = null;
   #clientGone = false;
   #done = false;
 
@@ -142,39 +140,36 @@ class RelayHandler implements Dispatcher.DispatchHandler {
     this.ctx.stats.record(this.key, performance.now() - this.started);
     if (this.res.writableFinished || this.#done) return;
     this.#clientGone = true;
-    this.#abort?.(new ClientClosedError('the client went away'));
+    this.exchange?.abort(new ClientClosedError('the client went away'));
   };
 
   readonly #onDrain = (): void => {
-    const resume = this.#resume;
-    this.#resume = null;
-    resume?.();
+    this.exchange?.resume();
   };
 
-  onConnect(abort: (err?: Error) => void): void {
-    this.#abort = abort;
-    if (this.#clientGone) abort(new ClientClosedError('the client went away'));
+  onResponseStart(statusCode: number, statusText: string, headers: string[]): void {
+    this.res.writeHead(statusCode, STATUS_CODES[statusCode] ?? (statusText || 'Unknown'), downstreamRawHeaders(headers));
   }
 
-  onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void, statusText: string): boolean {
-    if (statusCode < 200) return true; // 1xx: Node answers Expect itself; nothing to relay
-    this.#resume = resume;
-    this.res.writeHead(statusCode, STATUS_CODES[statusCode] ?? (statusText || 'Unknown'), downstreamRawHeaders(rawHeaders));
-    return true;
-  }
-
-  onData(chunk: Buffer): boolean {
+  onResponseData(chunk: Buffer, last: boolean): boolean {
+    if (last) {
+      // Headers and the whole body in one write, no second pass through res.end().
+      this.#done = true;
+      this.res.end(chunk);
+      return true;
+    }
     if (this.res.write(chunk)) return true;
     this.res.once('drain', this.#onDrain);
     return false;
   }
 
-  onComplete(): void {
+  onResponseEnd(): void {
+    if (this.#done) return;
     this.#done = true;
     this.res.end();
   }
 
-  onError(err: Error): void {
+  onResponseError(err: Error): void {
     this.#done = true;
     const { ctx, req, res, key } = this;
     if (this.#clientGone) return;

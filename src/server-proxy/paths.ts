@@ -33,6 +33,7 @@ export function parseProxyTarget(url: string): ProxyTarget | null {
 }
 
 function decode(s: string): string | null {
+  if (!s.includes('%')) return s;
   try {
     return decodeURIComponent(s);
   } catch {

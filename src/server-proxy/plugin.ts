@@ -72,6 +72,7 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
   const pools = new UpstreamPools({
     connect: o.connect,
     connectTimeoutMs,
+    readTimeoutMs,
     ...(o.connectionsPerService ? { connectionsPerService: o.connectionsPerService } : {}),
   });
   const onServices = (services: readonly Service[]): void => {
@@ -84,7 +85,6 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     limiter,
     pools,
     stats,
-    readTimeoutMs,
     connect: o.connect,
     connectTimeoutMs,
     ...(o.logger ? { logger: o.logger } : {}),

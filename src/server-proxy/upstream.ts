@@ -1,11 +1,11 @@
 // Connections to replicas: `connect(serviceKey)` (the SSH loop's balancer: a Ready replica by
 // least connections, another one when opening fails) wrapped with a connect timeout, and one
-// undici Pool per service whose connector is that function, so keep-alive connections over
-// tunnels are reused across requests. Errors are mapped to the proxy's statuses here.
+// HTTP/1.1 keep-alive pool (src/http1) per service whose connector is that function, so
+// connections over tunnels are reused across requests. Errors are mapped to the proxy's statuses here.
 
-import { Socket as NetSocket, type Socket } from 'node:net';
+import { Socket as NetSocket } from 'node:net';
 import type { Duplex } from 'node:stream';
-import { Pool } from 'undici';
+import { Http1Pool } from '../http1/index.js';
 
 export type ConnectFn = (serviceKey: string) => Promise<Duplex>;
 
@@ -52,7 +52,7 @@ export interface UpstreamError {
 /** What the client is told when no response headers came from the replica. */
 export function upstreamError(err: unknown, serviceKey: string): UpstreamError {
   const e = err as { code?: string; status?: number; name?: string; message?: string };
-  if (e?.code === 'DP_UPSTREAM_CONNECT_TIMEOUT' || e?.code === 'UND_ERR_HEADERS_TIMEOUT' || e?.code === 'UND_ERR_CONNECT_TIMEOUT') {
+  if (e?.code === 'DP_UPSTREAM_CONNECT_TIMEOUT' || e?.code === 'DP_HTTP1_HEADERS_TIMEOUT') {
     return { status: 504, detail: 'Timed out requesting upstream' };
   }
   if (e?.status === 503 || e?.name === 'NoReadyReplicaError') {
@@ -64,15 +64,17 @@ export function upstreamError(err: unknown, serviceKey: string): UpstreamError {
 export interface UpstreamPoolsOptions {
   connect: ConnectFn;
   connectTimeoutMs: number;
+  /** Waiting for response headers, and silence inside a body. Default 300 s. */
+  readTimeoutMs?: number;
   connectionsPerService?: number;
-  /** Idle keep-alive connections are closed after this. Default 4 s (undici's). */
+  /** Idle keep-alive connections are closed after this. Default 4 s (below Node's 5 s server keep-alive). */
   keepAliveTimeoutMs?: number;
 }
 
-/** One undici Pool per service key, created on first use, closed when the service leaves. */
+/** One HTTP/1.1 pool per service key, created on first use, closed when the service leaves. */
 export class UpstreamPools {
   readonly #o: UpstreamPoolsOptions;
-  readonly #pools = new Map<string, Pool>();
+  readonly #pools = new Map<string, Http1Pool>();
   #seq = 0;
 
   constructor(o: UpstreamPoolsOptions) {
@@ -83,24 +85,24 @@ export class UpstreamPools {
     return this.#pools.size;
   }
 
-  get(serviceKey: string): Pool {
+  get(serviceKey: string): Http1Pool {
     let pool = this.#pools.get(serviceKey);
     if (pool) return pool;
     const { connect, connectTimeoutMs } = this.#o;
-    // The origin is only a pool label: the Host header is always the client's.
-    pool = new Pool(`http://svc-${++this.#seq}.server-proxy.internal`, {
-      connections: this.#o.connectionsPerService ?? DEFAULT_CONNECTIONS_PER_SERVICE,
-      keepAliveTimeout: this.#o.keepAliveTimeoutMs ?? 4_000,
-      connect: (_opts, callback) => {
-        connectWithTimeout(connect, serviceKey, connectTimeoutMs).then(
-          (stream) => {
-            // Requests are small writes answered by the replica: no Nagle delay on TCP replicas.
-            if (stream instanceof NetSocket) stream.setNoDelay(true);
-            callback(null, stream as unknown as Socket);
-          },
-          (err: Error) => callback(err, null),
-        );
-      },
+    const readTimeoutMs = this.#o.readTimeoutMs ?? DEFAULT_READ_TIMEOUT_MS;
+    pool = new Http1Pool({
+      // Only for a client that sent no Host (HTTP/1.0): the Host header is otherwise always the client's.
+      host: `svc-${++this.#seq}.server-proxy.internal`,
+      maxConnections: this.#o.connectionsPerService ?? DEFAULT_CONNECTIONS_PER_SERVICE,
+      keepAliveTimeoutMs: this.#o.keepAliveTimeoutMs ?? 4_000,
+      headersTimeoutMs: readTimeoutMs,
+      bodyTimeoutMs: readTimeoutMs,
+      connect: () =>
+        connectWithTimeout(connect, serviceKey, connectTimeoutMs).then((stream) => {
+          // Requests are small writes answered by the replica: no Nagle delay on TCP replicas.
+          if (stream instanceof NetSocket) stream.setNoDelay(true);
+          return stream;
+        }),
     });
     this.#pools.set(serviceKey, pool);
     return pool;

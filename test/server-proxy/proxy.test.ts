@@ -172,7 +172,7 @@ describe('beyond dstack', () => {
     expect(e.headers['x-forwarded-proto']).toBe('http');
     expect(e.headers['x-forwarded-host']).toBe('svc.example:81');
     for (const hop of ['x-private', 'keep-alive', 'te', 'proxy-authorization', 'upgrade']) expect(e.headers[hop]).toBeUndefined();
-    expect(e.headers.connection ?? 'keep-alive').toBe('keep-alive'); // undici's own, not the client's list
+    expect(e.headers.connection ?? 'keep-alive').toBe('keep-alive'); // the client's list is not forwarded
   });
 
   it('does not pass Authorization to a proxy-auth service, does to a public one', async () => {

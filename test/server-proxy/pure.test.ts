@@ -41,10 +41,10 @@ describe('headers', () => {
       downstreamResponseHeaders({ server: 'x', date: 'y', connection: 'close, x-conn', 'x-conn': '1', 'keep-alive': 'timeout=5', 'transfer-encoding': 'chunked', 'set-cookie': ['a=1', 'b=2'], 'content-type': 'text/plain' }),
     ).toEqual(['set-cookie', 'a=1', 'set-cookie', 'b=2', 'content-type', 'text/plain']);
   });
-  it('the same rules over raw Buffers, names kept as the replica sent them', () => {
+  it('the same rules over the raw list, names kept as the replica sent them', () => {
     const raw = ['Server', 'x', 'Date', 'y', 'Connection', 'close, X-Conn', 'X-Conn', '1', 'Keep-Alive', 'timeout=5', 'Transfer-Encoding', 'chunked', 'Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain'];
-    expect(downstreamRawHeaders(raw.map((s) => Buffer.from(s, 'latin1')))).toEqual(['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain']);
-    expect(downstreamRawHeaders(['Connection', 'keep-alive', 'Content-Length', '0'].map((s) => Buffer.from(s)))).toEqual(['Content-Length', '0']);
+    expect(downstreamRawHeaders(raw)).toEqual(['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain']);
+    expect(downstreamRawHeaders(['Connection', 'keep-alive', 'Content-Length', '0'])).toEqual(['Content-Length', '0']);
   });
 });
 

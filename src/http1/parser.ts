@@ -1,0 +1,406 @@
+// An incremental HTTP/1.x response parser (RFC 9112) for the upstream client: bytes go in as they
+// arrive, one head and the body's pieces come out. 1xx answers are skipped; the body is framed by
+// Transfer-Encoding: chunked, Content-Length, or the end of the connection; HEAD, 204 and 304
+// have none. Strict wherever leniency could desynchronise a reused connection or hand Node's
+// ServerResponse a header it would throw on: any doubt is a ResponseParseError, and the caller
+// closes the connection. Body pieces are subarrays of the input (no copy).
+
+export const DEFAULT_MAX_HEADER_SIZE = 64 * 1024; // 64 KiB: status line + headers, and trailers
+
+/** The replica's bytes are not an HTTP/1.x response we can relay. */
+export class ResponseParseError extends Error {
+  readonly code = 'DP_HTTP1_BAD_RESPONSE';
+  constructor(message: string) {
+    super(message);
+    this.name = 'ResponseParseError';
+  }
+}
+
+/** Where the parser delivers one response. */
+export interface ResponseSink {
+  /** Status line and headers ([name, value, …] as sent, values trimmed); 1xx never reach here. */
+  onHead(status: number, statusText: string, headers: string[]): void;
+  /** `last`: this piece completes a body of known length (onEnd follows at once). */
+  onBody(chunk: Buffer, last: boolean): void;
+  onEnd(): void;
+}
+
+// States (numbers, not an enum: cheap comparisons, nothing emitted).
+const IDLE = 0; // no response expected: any byte is unsolicited
+const HEAD = 1;
+const LENGTH = 2;
+const CHUNK_SIZE = 3;
+const CHUNK_EXT = 4;
+const CHUNK_SIZE_LF = 5;
+const CHUNK_DATA = 6;
+const CHUNK_DATA_CR = 7;
+const CHUNK_DATA_LF = 8;
+const TRAILER_START = 9;
+const TRAILER_LINE = 10;
+const TRAILER_LINE_LF = 11;
+const TRAILER_END_LF = 12;
+const UNTIL_CLOSE = 13;
+const DONE = 14;
+const STOPPED = 15;
+
+const EMPTY = Buffer.alloc(0);
+const CRLFCRLF = Buffer.from('\r\n\r\n', 'latin1');
+const CR = 13;
+const LF = 10;
+const MAX_CHUNK_SIZE_DIGITS = 12; // 2^48 bytes: far beyond any body, well inside a safe integer
+const MAX_CHUNK_EXT = 4096;
+
+/** name ":" value CRLF, repeated: token names (RFC 9110 §5.6.2), values without CTLs but HTAB. */
+const HEADER_BLOCK = /^(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*$/;
+const REASON = /^[\t\x20-\x7e\x80-\xff]*$/;
+const DIGITS = /^\d{1,15}$/;
+
+export class ResponseParser {
+  #state = IDLE;
+  #sink: ResponseSink | null = null;
+  #isHead = false;
+  #maxHeaderSize: number;
+  /** Head bytes of the current response not yet terminated by CRLFCRLF. */
+  #parts: Buffer[] = [];
+  #partsLen = 0;
+  /** The last (up to) 3 bytes of #parts: a terminator may straddle them and the next chunk. */
+  #tail: Buffer = EMPTY;
+  #remaining = 0;
+  #digits = 0;
+  #extLen = 0;
+  #trailerLen = 0;
+  #keepAlive = false;
+  #received = false;
+
+  constructor(maxHeaderSize = DEFAULT_MAX_HEADER_SIZE) {
+    this.#maxHeaderSize = maxHeaderSize;
+  }
+
+  /** Expect the response to a request; `isHead`: it was a HEAD (no body whatever the headers say). */
+  start(sink: ResponseSink, isHead: boolean): void {
+    if (this.#state !== IDLE && this.#state !== DONE) throw new Error('ResponseParser.start: a response is still being parsed');
+    this.#state = HEAD;
+    this.#sink = sink;
+    this.#isHead = isHead;
+    this.#keepAlive = false;
+    this.#received = false;
+    this.#parts = [];
+    this.#partsLen = 0;
+    this.#tail = EMPTY;
+  }
+
+  /** The whole response arrived. */
+  get done(): boolean {
+    return this.#state === DONE;
+  }
+
+  /** A final (non-1xx) head arrived: the body phase. */
+  get inBody(): boolean {
+    return this.#state > HEAD && this.#state < DONE;
+  }
+
+  /** Any byte of the current response arrived (then a request may not be retried elsewhere). */
+  get received(): boolean {
+    return this.#received;
+  }
+
+  /** After done: the connection may carry another request. */
+  get keepAlive(): boolean {
+    return this.#keepAlive && this.#state === DONE;
+  }
+
+  /** Deliver nothing more (the exchange was aborted); the connection is not reusable. */
+  stop(): void {
+    this.#state = STOPPED;
+    this.#sink = null;
+  }
+
+  /** Feed bytes. Null, or the error that makes the response (and the connection) unusable. */
+  execute(chunk: Buffer): ResponseParseError | null {
+    const n = chunk.length;
+    if (n === 0) return null;
+    if (this.#state === IDLE) return new ResponseParseError('bytes from the replica without a request');
+    if (this.#state === STOPPED) return null;
+    this.#received = true;
+    let i = 0;
+    while (i < n) {
+      const state = this.#state;
+      if (state === DONE) {
+        // Bytes after a complete response: the connection is out of step, never reused.
+        this.#keepAlive = false;
+        return null;
+      }
+      const sink = this.#sink;
+      if (sink === null) return null; // stopped from inside a callback
+      if (state === LENGTH) {
+        const take = Math.min(this.#remaining, n - i);
+        this.#remaining -= take;
+        const end = this.#remaining === 0;
+        if (end) this.#state = DONE;
+        sink.onBody(i === 0 && take === n ? chunk : chunk.subarray(i, i + take), end);
+        i += take;
+        if (end && this.#sink === sink) this.#end(sink);
+      } else if (state === HEAD) {
+        const r = this.#head(chunk, i);
+        if (typeof r !== 'number') return r;
+        i = r;
+      } else if (state === CHUNK_DATA) {
+        const take = Math.min(this.#remaining, n - i);
+        this.#remaining -= take;
+        if (this.#remaining === 0) this.#state = CHUNK_DATA_CR;
+        sink.onBody(chunk.subarray(i, i + take), false);
+        i += take;
+      } else if (state === UNTIL_CLOSE) {
+        sink.onBody(i === 0 ? chunk : chunk.subarray(i), false);
+        i = n;
+      } else {
+        const err = this.#chunkFraming(chunk, i);
+        if (typeof err !== 'number') return err;
+        i = err;
+      }
+    }
+    return null;
+  }
+
+  /** The connection ended. Null when that completed the response (or none was expected). */
+  finish(): ResponseParseError | null {
+    const state = this.#state;
+    if (state === IDLE || state === DONE || state === STOPPED) return null;
+    if (state === UNTIL_CLOSE) {
+      this.#state = DONE;
+      this.#keepAlive = false;
+      this.#end(this.#sink!);
+      return null;
+    }
+    return new ResponseParseError(this.#received ? 'the replica closed the connection mid-response' : 'the replica closed the connection before answering');
+  }
+
+  #end(sink: ResponseSink): void {
+    this.#sink = null;
+    sink.onEnd();
+  }
+
+  /** Head bytes from `from`: the offset after the head, or an error. */
+  #head(chunk: Buffer, from: number): number | ResponseParseError {
+    let end = -1; // exclusive end of CRLFCRLF in chunk
+    if (this.#partsLen > 0) {
+      // The terminator may straddle the previous part and this chunk.
+      const t = this.#tail.length;
+      const joint = Buffer.concat([this.#tail, chunk.subarray(from, from + 3)]);
+      const j = joint.indexOf(CRLFCRLF);
+      if (j !== -1) end = from + j + 4 - t;
+    }
+    if (end === -1) {
+      const j = chunk.indexOf(CRLFCRLF, from);
+      if (j !== -1) end = j + 4;
+    }
+    if (end === -1) {
+      this.#partsLen += chunk.length - from;
+      if (this.#partsLen > this.#maxHeaderSize) return new ResponseParseError(`response headers larger than ${this.#maxHeaderSize} bytes`);
+      const part = from === 0 ? chunk : chunk.subarray(from);
+      this.#parts.push(part);
+      this.#tail = part.length >= 3 ? part.subarray(part.length - 3) : Buffer.concat([this.#tail, part]).subarray(-3);
+      return chunk.length;
+    }
+    if (this.#partsLen + end - from > this.#maxHeaderSize) return new ResponseParseError(`response headers larger than ${this.#maxHeaderSize} bytes`);
+    let text: string;
+    if (this.#partsLen === 0) text = chunk.toString('latin1', from, end - 2);
+    else {
+      this.#parts.push(chunk.subarray(from, end));
+      const all = Buffer.concat(this.#parts);
+      text = all.toString('latin1', 0, all.length - 2);
+      this.#parts = [];
+      this.#partsLen = 0;
+      this.#tail = EMPTY;
+    }
+    const err = this.#parseHead(text);
+    return err ?? end;
+  }
+
+  /** `text`: the status line and header lines, each ending in CRLF. */
+  #parseHead(text: string): ResponseParseError | null {
+    const eol = text.indexOf('\r\n');
+    // "HTTP/1.x SSS[ reason]"
+    if (eol < 12 || !text.startsWith('HTTP/1.') || text.charCodeAt(8) !== 32) return new ResponseParseError('malformed status line');
+    const minor = text.charCodeAt(7) - 48;
+    const s0 = text.charCodeAt(9) - 48;
+    const s1 = text.charCodeAt(10) - 48;
+    const s2 = text.charCodeAt(11) - 48;
+    if ((minor !== 0 && minor !== 1) || !(s0 >= 1 && s0 <= 9) || !(s1 >= 0 && s1 <= 9) || !(s2 >= 0 && s2 <= 9)) return new ResponseParseError('malformed status line');
+    if (eol > 12 && text.charCodeAt(12) !== 32) return new ResponseParseError('malformed status line');
+    const status = s0 * 100 + s1 * 10 + s2;
+    const reason = eol > 13 ? text.slice(13, eol) : '';
+    if (reason !== '' && !REASON.test(reason)) return new ResponseParseError('malformed status line');
+    if (eol + 2 < text.length && !HEADER_BLOCK.test(text.slice(eol + 2))) return new ResponseParseError('malformed response header');
+
+    const headers: string[] = [];
+    let length = -1;
+    let chunked = false;
+    let te = false;
+    let close = minor === 0;
+    for (let p = eol + 2; p < text.length; ) {
+      const e = text.indexOf('\r\n', p);
+      const colon = text.indexOf(':', p);
+      let vs = colon + 1;
+      let ve = e;
+      while (vs < ve && isOws(text.charCodeAt(vs))) vs++;
+      while (ve > vs && isOws(text.charCodeAt(ve - 1))) ve--;
+      const name = text.slice(p, colon);
+      const value = text.slice(vs, ve);
+      headers.push(name, value);
+      p = e + 2;
+      // Only the framing headers are looked at, compared without lower-casing (no string made).
+      const len = name.length;
+      if (len === 14 && sameLower(name, 'content-length')) {
+        if (!DIGITS.test(value)) return new ResponseParseError('invalid Content-Length');
+        const v = Number(value);
+        if (length !== -1 && length !== v) return new ResponseParseError('conflicting Content-Length headers');
+        length = v;
+      } else if (len === 17 && sameLower(name, 'transfer-encoding')) {
+        te = true;
+        const lastComma = value.lastIndexOf(',');
+        chunked = (lastComma === -1 ? value : value.slice(lastComma + 1)).trim().toLowerCase() === 'chunked';
+      } else if (len === 10 && sameLower(name, 'connection')) {
+        if (value.length === 10 && sameLower(value, 'keep-alive')) {
+          if (minor === 0) close = false;
+        } else if (value.length === 5 && sameLower(value, 'close')) close = true;
+        else {
+          for (const token of value.toLowerCase().split(',')) {
+            const t = token.trim();
+            if (t === 'close') close = true;
+            else if (t === 'keep-alive' && minor === 0) close = false;
+          }
+        }
+      }
+    }
+
+    if (status < 200) {
+      // 101 answers a request that asked to switch protocols; ours never do (upgrades have their own path).
+      if (status === 101) return new ResponseParseError('unexpected 101 Switching Protocols');
+      this.#state = HEAD; // 100 Continue, 103 Early Hints…: skipped, the final answer follows
+      return null;
+    }
+    const sink = this.#sink!;
+    // Both framings at once is how requests get smuggled: use chunked, then close (RFC 9112 §6.3).
+    this.#keepAlive = !close && !(te && length !== -1);
+    if (this.#isHead || status === 204 || status === 304) {
+      this.#state = DONE;
+      sink.onHead(status, reason, headers);
+      if (this.#sink === sink) this.#end(sink);
+      return null;
+    }
+    if (te) {
+      if (chunked) {
+        this.#state = CHUNK_SIZE;
+        this.#remaining = 0;
+        this.#digits = 0;
+      } else {
+        this.#state = UNTIL_CLOSE;
+        this.#keepAlive = false;
+      }
+    } else if (length > 0) {
+      this.#state = LENGTH;
+      this.#remaining = length;
+    } else if (length === 0) {
+      this.#state = DONE;
+    } else {
+      this.#state = UNTIL_CLOSE;
+      this.#keepAlive = false;
+    }
+    sink.onHead(status, reason, headers);
+    if (this.#state === DONE && this.#sink === sink) this.#end(sink);
+    return null;
+  }
+
+  /** The byte-level part of chunked framing: sizes, extensions, CRLFs and trailers. */
+  #chunkFraming(chunk: Buffer, from: number): number | ResponseParseError {
+    let i = from;
+    const n = chunk.length;
+    while (i < n) {
+      const c = chunk[i]!;
+      switch (this.#state) {
+        case CHUNK_SIZE: {
+          const v = hexValue(c);
+          if (v !== -1) {
+            if (++this.#digits > MAX_CHUNK_SIZE_DIGITS) return new ResponseParseError('chunk size too large');
+            this.#remaining = this.#remaining * 16 + v;
+          } else if (this.#digits === 0) return new ResponseParseError('invalid chunk size');
+          else if (c === CR) this.#state = CHUNK_SIZE_LF;
+          else if (c === 0x3b || c === 0x20 || c === 0x09) {
+            this.#state = CHUNK_EXT;
+            this.#extLen = 0;
+          } else return new ResponseParseError('invalid chunk size');
+          break;
+        }
+        case CHUNK_EXT:
+          if (c === CR) this.#state = CHUNK_SIZE_LF;
+          else if ((c < 0x20 && c !== 0x09) || c === 0x7f) return new ResponseParseError('invalid chunk extension');
+          else if (++this.#extLen > MAX_CHUNK_EXT) return new ResponseParseError('chunk extension too long');
+          break;
+        case CHUNK_SIZE_LF:
+          if (c !== LF) return new ResponseParseError('invalid chunk size line');
+          if (this.#remaining === 0) {
+            this.#state = TRAILER_START;
+            this.#trailerLen = 0;
+          } else {
+            this.#state = CHUNK_DATA;
+            return i + 1; // data is sliced by execute()
+          }
+          break;
+        case CHUNK_DATA_CR:
+          if (c !== CR) return new ResponseParseError('missing CRLF after chunk data');
+          this.#state = CHUNK_DATA_LF;
+          break;
+        case CHUNK_DATA_LF:
+          if (c !== LF) return new ResponseParseError('missing CRLF after chunk data');
+          this.#state = CHUNK_SIZE;
+          this.#remaining = 0;
+          this.#digits = 0;
+          break;
+        case TRAILER_START:
+          if (c === CR) this.#state = TRAILER_END_LF;
+          else if (c === LF) return new ResponseParseError('invalid trailer');
+          else this.#state = TRAILER_LINE;
+          if (++this.#trailerLen > this.#maxHeaderSize) return new ResponseParseError('trailers too large');
+          break;
+        case TRAILER_LINE:
+          if (c === CR) this.#state = TRAILER_LINE_LF;
+          else if ((c < 0x20 && c !== 0x09) || c === 0x7f) return new ResponseParseError('invalid trailer');
+          if (++this.#trailerLen > this.#maxHeaderSize) return new ResponseParseError('trailers too large');
+          break;
+        case TRAILER_LINE_LF:
+          if (c !== LF) return new ResponseParseError('invalid trailer');
+          this.#state = TRAILER_START;
+          break;
+        case TRAILER_END_LF: {
+          if (c !== LF) return new ResponseParseError('invalid trailer');
+          this.#state = DONE;
+          const sink = this.#sink;
+          if (sink !== null) this.#end(sink);
+          return i + 1;
+        }
+        default:
+          return i; // a data-carrying state: back to execute()
+      }
+      i++;
+    }
+    return i;
+  }
+}
+
+/** `s` equals `lower` (lower-case letters, digits and '-') ignoring ASCII case; same length assumed. */
+function sameLower(s: string, lower: string): boolean {
+  for (let i = 0; i < lower.length; i++) if ((s.charCodeAt(i) | 0x20) !== lower.charCodeAt(i)) return false;
+  return true;
+}
+
+function isOws(c: number): boolean {
+  return c === 0x20 || c === 0x09;
+}
+
+function hexValue(c: number): number {
+  if (c >= 0x30 && c <= 0x39) return c - 0x30;
+  const l = c | 0x20;
+  if (l >= 0x61 && l <= 0x66) return l - 0x61 + 10;
+  return -1;
+}
