@@ -87,6 +87,7 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     stats,
     connect: o.connect,
     connectTimeoutMs,
+    readTimeoutMs,
     ...(o.logger ? { logger: o.logger } : {}),
   };
 

@@ -19,6 +19,8 @@ import { connectWithTimeout, upstreamError, type ConnectFn } from './upstream.js
 export interface UpgradeContext extends HttpProxyContext {
   connect: ConnectFn;
   connectTimeoutMs: number;
+  /** No bytes either way for this long closes both sockets. */
+  readTimeoutMs: number;
 }
 
 export function rawReply(socket: Duplex, status: number, headers: Record<string, string>, body = ''): void {
