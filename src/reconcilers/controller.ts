@@ -279,6 +279,9 @@ export class Controller {
       const released = rt.failures.retain(new Set(actions.map((a) => a.key)));
       for (const key of released) rt.retryTimers.clear(key);
       if (released.length > 0 && rt.loop.released) await rt.loop.released(released, ctx);
+      // A loop acts only once the loops it depends on have settled (Nginx: the balancer
+      // sockets its sites point at exist), whatever triggered this pass.
+      if (actions.length > 0) await this.#dependenciesSettled(rt);
       const now = this.#clock.now();
       const eligible = actions.filter((a) => !rt.failures.blocked(a.key, generation, now));
       if (eligible.length > 0) await this.#applyActions(rt, eligible, ctx, generation);
@@ -289,6 +292,19 @@ export class Controller {
       rt.counters.lastPassDurationMs = this.#clock.now() - t0;
       rt.inPass = false;
       this.#flushStatus(rt);
+    }
+  }
+
+  /** Resolves once no loop `rt` depends on has a pass running or pending. */
+  async #dependenciesSettled(rt: Runtime): Promise<void> {
+    for (;;) {
+      const busy = (rt.loop.dependsOn ?? []).flatMap((name) => {
+        const dep = this.#byName.get(name);
+        return dep ? [dep.running, dep.pending?.promise] : [];
+      });
+      const waiting = busy.filter((p) => p != null);
+      if (waiting.length === 0 || this.#stopped) return;
+      await Promise.all(waiting);
     }
   }
 
