@@ -97,17 +97,12 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         }
         const previous = owned.get(name) ?? null;
         if (previous === text) continue;
-        actions.push({
-          key: name,
-          kind: previous === null ? 'create' : 'update',
-          summary: `${previous === null ? 'create' : 'update'} ${name}`,
-          payload: { name, text, previous },
-          diff: unifiedDiff(previous, text, name),
-        });
+        const kind = previous === null ? 'create' : 'update';
+        actions.push(withLazyDiff({ key: name, kind, summary: `${kind} ${name}`, payload: { name, text, previous } }));
       }
       for (const [name, previous] of owned) {
         if (desired.has(name)) continue;
-        actions.push({ key: name, kind: 'delete', summary: `delete ${name}`, payload: { name, text: null, previous }, diff: unifiedDiff(previous, null, name) });
+        actions.push(withLazyDiff({ key: name, kind: 'delete', summary: `delete ${name}`, payload: { name, text: null, previous } }));
       }
       return actions;
     },
@@ -180,6 +175,19 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       return outcomes;
     },
   };
+}
+
+/**
+ * The action with its unified diff computed when first read: a dry run shows it, a pass
+ * applying 1,000 new sites never needs it.
+ */
+function withLazyDiff(action: Omit<Action<FilePayload>, 'diff'>): Action<FilePayload> {
+  const { name, text, previous } = action.payload;
+  let diff: string | undefined;
+  return Object.defineProperty(action, 'diff', {
+    enumerable: true,
+    get: () => (diff ??= unifiedDiff(previous, text, name)),
+  }) as Action<FilePayload>;
 }
 
 function configHash(files: Map<string, string>): string {
