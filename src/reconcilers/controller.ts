@@ -251,6 +251,21 @@ export class Controller {
   // ── one pass ──────────────────────────────────────────────────────────────────────────
 
   async #pass(rt: Runtime): Promise<void> {
+    // 0. A pass starts once the loops this one depends on have settled (Nginx: the balancer
+    //    sockets its sites point at exist), whatever triggered it. It reads everything after
+    //    that, so it also counts as the pass of any trigger that arrived meanwhile (the
+    //    dependency's own status change, typically).
+    await this.#dependenciesSettled(rt);
+    const covered = rt.pending;
+    rt.pending = null;
+    try {
+      await this.#steps(rt);
+    } finally {
+      covered?.resolve();
+    }
+  }
+
+  async #steps(rt: Runtime): Promise<void> {
     const t0 = this.#clock.now();
     rt.inPass = true;
     rt.counters.passes++;
@@ -279,9 +294,6 @@ export class Controller {
       const released = rt.failures.retain(new Set(actions.map((a) => a.key)));
       for (const key of released) rt.retryTimers.clear(key);
       if (released.length > 0 && rt.loop.released) await rt.loop.released(released, ctx);
-      // A loop acts only once the loops it depends on have settled (Nginx: the balancer
-      // sockets its sites point at exist), whatever triggered this pass.
-      if (actions.length > 0) await this.#dependenciesSettled(rt);
       const now = this.#clock.now();
       const eligible = actions.filter((a) => !rt.failures.blocked(a.key, generation, now));
       if (eligible.length > 0) await this.#applyActions(rt, eligible, ctx, generation);
