@@ -1,18 +1,15 @@
 // Gateway rows on a real private Nginx (127.0.0.1, free ports): cold converge of 1,000
-// services, an identical re-PUT, and a one-service change inside the 1,000. The backend and
-// the P3 client (PUT, then every host checked) run in their own process (gateway-client.ts).
+// services, an identical re-PUT, and a one-service change inside the 1,000.
 
-import { fork, type ChildProcess } from 'node:child_process';
 import { readdirSync, statSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import { startGateway } from '../src/gateway/gateway.js';
 import { resolveOptions } from '../src/gateway/options.js';
-import type { ConvergeRequest } from './gateway-client.js';
 import { generateDocument } from './generate.js';
 import type { Row } from './table.js';
 
@@ -20,7 +17,6 @@ const SERVICES = 1_000;
 /** dstack's gateway, measured on this kind of machine (issue text): 100 services → 34 s, 200 reloads. */
 const PEER_100_SERVICES_S = 34;
 const PEER_100_SERVICES_RELOADS = 200;
-const CLIENT_PATH = fileURLToPath(new URL('./gateway-client.js', import.meta.url));
 
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -33,17 +29,13 @@ export async function freePort(): Promise<number> {
   });
 }
 
-/** The next message of the client process. */
-function reply<T>(child: ChildProcess): Promise<T> {
-  return new Promise((resolve, reject) => {
-    const onExit = (code: number | null): void => reject(new Error(`gateway client exited (${code})`));
-    child.once('exit', onExit);
-    child.once('message', (m) => {
-      child.off('exit', onExit);
-      const e = (m as { error?: string }).error;
-      if (e !== undefined) reject(new Error(e));
-      else resolve(m as T);
+function get(port: number, host: string, agent: http.Agent): Promise<number> {
+  return new Promise((resolve) => {
+    const req = http.get({ host: '127.0.0.1', port, path: '/', headers: { host }, agent }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode ?? 0));
     });
+    req.on('error', () => resolve(0));
   });
 }
 
@@ -64,8 +56,9 @@ function mtimes(dir: string): Map<string, number> {
 export async function gatewayRows(): Promise<Row[]> {
   const rows: Row[] = [];
   const stateDir = mkdtempSync(path.join(os.tmpdir(), 'dp-bench-'));
-  const client = fork(CLIENT_PATH, [], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
-  const { backendPort } = await reply<{ backendPort: number }>(client);
+  const backend = http.createServer((_req, res) => res.end('ok')).listen(0, '127.0.0.1');
+  await new Promise((r) => backend.once('listening', r));
+  const backendPort = (backend.address() as net.AddressInfo).port;
   const [httpPort, httpsPort] = [await freePort(), await freePort()];
   const gw = await startGateway(
     resolveOptions({
@@ -79,10 +72,8 @@ export async function gatewayRows(): Promise<Row[]> {
       },
     }),
     { logger: pino({ level: 'silent' }) },
-  ).catch((err: unknown) => {
-    client.kill();
-    throw err;
-  });
+  );
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 16 });
   try {
     const doc = generateDocument(SERVICES, 1, { direct: true });
     for (const s of doc.spec.services!) {
@@ -92,10 +83,21 @@ export async function gatewayRows(): Promise<Row[]> {
     }
     const hosts = doc.spec.services!.map((s) => s.domain!);
 
-    // P3: cold converge, timed by the client: PUT, then 16 checkers poll their hosts until 200.
+    // P3: cold converge.
     const reloads0 = gw.nginxStats.reloads;
-    client.send({ converge: { apiUrl: gw.apiUrl, httpPort, doc, hosts } satisfies ConvergeRequest });
-    const { convergeMs } = await reply<{ convergeMs: number }>(client);
+    const t0 = performance.now();
+    await put(gw.apiUrl, doc);
+    // 16 checkers in parallel (as many as the agent's sockets), each polling its hosts until 200.
+    let nextHost = 0;
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (nextHost < hosts.length) {
+          const host = hosts[nextHost++]!;
+          while ((await get(httpPort, host, agent)) !== 200) await new Promise((r) => setTimeout(r, 5));
+        }
+      }),
+    );
+    const convergeMs = performance.now() - t0;
     await gw.controller.whenIdle();
     const coldReloads = gw.nginxStats.reloads - reloads0;
     rows.push({
@@ -148,8 +150,9 @@ export async function gatewayRows(): Promise<Row[]> {
     rows.push({ id: 'P4', name: `one-service change in ${SERVICES}: PUT → applied and reloaded`, value: oneMs, unit: 'ms', note: `${filesOne} file(s) written` });
     rows.push({ id: 'P4r', name: 'reloads for that change', value: oneReloads, unit: 'reloads', target: '1', ok: oneReloads === 1 });
   } finally {
-    client.send('stop');
+    agent.destroy();
     await gw.close();
+    backend.close();
     rmSync(stateDir, { recursive: true, force: true });
   }
   return rows;
