@@ -11,7 +11,7 @@ export interface PlannedAction {
   key: string;
   kind: string;
   summary: string;
-  /** Unified diff (Nginx files). */
+  /** Unified diff (Nginx files); dry runs only. */
   diff?: string;
 }
 
@@ -27,10 +27,18 @@ export interface Plan {
   loops: Record<string, LoopPlan>;
 }
 
+export interface PlanOptions {
+  /**
+   * Unified diffs of the Nginx files. Default true. The answer of a PUT that applies leaves
+   * them out: a cold document of 1,000 sites would otherwise carry 1,000 whole files back.
+   */
+  diffs?: boolean;
+}
+
 export interface Runtime {
   store: StateStore;
   /** What every loop would do to reach `next`. Pure of side effects. */
-  plan(next: ProxyState, current: ProxyState): Promise<Plan>;
+  plan(next: ProxyState, current: ProxyState, opts?: PlanOptions): Promise<Plan>;
   /** A new generation was stored: converge to it. */
   notify(): void;
   status(): StatusSnapshot;

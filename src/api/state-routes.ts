@@ -48,7 +48,8 @@ export async function stateRoutes(app: FastifyInstance, { runtime, guard }: Stat
     // A dry run still plans it: its actions then show drift the next resync will repair.
     const same = hashSpec(next) === current.hash;
     if (same && !dryRun) return { generation: current.generation, hash: current.hash, changed: false, plan: emptyPlan() };
-    const plan = await runtime.plan(next, current.state);
+    // Diffs are what a dry run is for; the answer of an applying PUT lists the actions only.
+    const plan = await runtime.plan(next, current.state, { diffs: dryRun });
     if (dryRun) return { generation: current.generation, hash: current.hash, changed: !same, dryRun: true, plan };
     const result = await runtime.store.write(next, ifMatch === undefined ? {} : { ifMatch });
     if (result.changed) {

@@ -251,6 +251,21 @@ export class Controller {
   // ── one pass ──────────────────────────────────────────────────────────────────────────
 
   async #pass(rt: Runtime): Promise<void> {
+    // 0. A pass starts once the loops this one depends on have settled (Nginx: the balancer
+    //    sockets its sites point at exist), whatever triggered it. It reads everything after
+    //    that, so it also counts as the pass of any trigger that arrived meanwhile (the
+    //    dependency's own status change, typically).
+    await this.#dependenciesSettled(rt);
+    const covered = rt.pending;
+    rt.pending = null;
+    try {
+      await this.#steps(rt);
+    } finally {
+      covered?.resolve();
+    }
+  }
+
+  async #steps(rt: Runtime): Promise<void> {
     const t0 = this.#clock.now();
     rt.inPass = true;
     rt.counters.passes++;
@@ -289,6 +304,19 @@ export class Controller {
       rt.counters.lastPassDurationMs = this.#clock.now() - t0;
       rt.inPass = false;
       this.#flushStatus(rt);
+    }
+  }
+
+  /** Resolves once no loop `rt` depends on has a pass running or pending. */
+  async #dependenciesSettled(rt: Runtime): Promise<void> {
+    for (;;) {
+      const busy = (rt.loop.dependsOn ?? []).flatMap((name) => {
+        const dep = this.#byName.get(name);
+        return dep ? [dep.running, dep.pending?.promise] : [];
+      });
+      const waiting = busy.filter((p) => p != null);
+      if (waiting.length === 0 || this.#stopped) return;
+      await Promise.all(waiting);
     }
   }
 

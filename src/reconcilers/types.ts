@@ -51,7 +51,10 @@ export interface LoopContext {
 
 export interface Loop<D, O, A> {
   name: string;
-  /** Loops whose status this loop reads in `desired`; their status changes trigger this loop. */
+  /**
+   * Loops whose status this loop reads in `desired`; their status changes trigger this loop,
+   * and its actions wait until none of them has a pass running or pending.
+   */
   dependsOn?: readonly string[];
   /** Pure. */
   desired(spec: ProxyState, statuses: StatusSnapshot): D;

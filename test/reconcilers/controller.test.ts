@@ -195,6 +195,41 @@ describe('Controller', () => {
     expect([...sites.world.keys()]).toEqual(['site-b']);
   });
 
+  it('a dependent acts only once every dependency settled, also when another one triggered it', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    let gate: ReturnType<typeof deferred> | undefined;
+    const sockets = fakeLoop({ name: 'sockets', gate: () => gate?.promise });
+    const certs = fakeLoop({ name: 'certs' });
+    /** For each site applied: did its socket exist at that moment? */
+    const socketThere: boolean[] = [];
+    const sites = fakeLoop({
+      name: 'sites',
+      dependsOn: ['certs', 'sockets'],
+      want: (s) => new Map(s.spec.services.map((x) => [`site-${x.run}`, 'on'])),
+      gate: (key) => {
+        socketThere.push(sockets.world.has(key.slice('site-'.length)));
+        return undefined;
+      },
+    });
+    const { c } = setup([sites, certs, sockets], spec);
+    await c.runOnce();
+
+    // certs finishes first; its status change triggers sites while sockets is still applying.
+    gate = deferred();
+    spec.current = specWith(2, { a: 1, b: 1 });
+    c.notify();
+    await until(() => certs.world.has('b') && sockets.applied.includes('b'));
+    for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
+    expect(sites.world.has('site-b')).toBe(false);
+    const passes = c.counters().sites?.passes ?? 0;
+    gate.resolve();
+    await c.whenIdle();
+    expect(sites.world.has('site-b')).toBe(true);
+    expect(socketThere).toEqual([true, true]);
+    // The pass that waited read everything afterwards: no second pass for the same news.
+    expect(c.counters().sites?.passes).toBe(passes + 1);
+  });
+
   it('the periodic resync repairs drift', async () => {
     const spec = { current: specWith(1, { a: 1 }) };
     const f = fakeLoop({ name: 'files' });

@@ -83,7 +83,14 @@ async function readCached(path: string): Promise<string> {
   return text;
 }
 
-async function mapLimit<T, R>(items: T[], limit: number, fn: (t: T) => Promise<R>): Promise<R[]> {
+/** Writes (and renames, links) in flight at once: enough to keep the pool's 4 threads busy. */
+const WRITE_CONCURRENCY = 16;
+
+async function forEachLimit<T>(items: readonly T[], limit: number, fn: (t: T) => Promise<unknown>): Promise<void> {
+  await mapLimit(items, limit, fn);
+}
+
+async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (t: T) => Promise<R>): Promise<R[]> {
   const out = new Array<R>(items.length);
   let next = 0;
   const worker = async (): Promise<void> => {
@@ -118,8 +125,8 @@ export function isEmptyPlan(p: FilePlan): boolean {
 }
 
 /** Write a file as temp + rename, so a concurrent reload never sees it half-written. */
-export async function writeAtomic(path: string, text: string): Promise<void> {
-  await mkdir(dirname(path), { recursive: true });
+export async function writeAtomic(path: string, text: string, makeDir = true): Promise<void> {
+  if (makeDir) await mkdir(dirname(path), { recursive: true });
   const tmp = join(dirname(path), `.${basename(path)}.${randomBytes(4).toString('hex')}.tmp`);
   await writeFile(tmp, text, { mode: 0o644 });
   await rename(tmp, path);
@@ -160,41 +167,43 @@ export async function applyFiles(opts: ApplyOptions): Promise<ApplyResult> {
     ...plan.update.map((u) => ({ name: u.name, text: u.text, previous: u.previous })),
   ];
 
-  // 1. Test: find the changes the candidate tree accepts.
-  const selected = await withCandidate(opts, (tryWith) => selectGood(changes, tryWith));
-  const accepted = selected.accepted;
-  const heldBack = [...conflicts, ...selected.heldBack];
-  if (accepted === null) {
-    const all = [...changes.map((c) => c.name), ...plan.delete.map((d) => d.name)];
-    const message = `the config fails nginx -t without any change: ${selected.heldBack[0]?.message ?? ''}`;
-    return { applied: [], heldBack: [...conflicts, ...all.map((file) => ({ file, message }))], reloaded: false };
-  }
-  if (accepted.length === 0 && plan.delete.length === 0) return { applied: [], heldBack, reloaded: false };
-
-  // 2. Swap the accepted files into the real dir, remove deleted owned files.
-  for (const c of accepted) await writeAtomic(join(sitesDir, c.name), c.text);
-  for (const d of plan.delete) await removeFile(join(sitesDir, d.name));
-  const applied = [...accepted.map((c) => c.name), ...plan.delete.map((d) => d.name)];
-
-  // 3. Reload once; a refused reload restores the previous files and reloads again.
-  try {
-    await opts.reload();
-    return { applied, heldBack, reloaded: true };
-  } catch (err) {
-    const message = `reload failed: ${err instanceof Error ? err.message : String(err)}`;
-    logger?.error({ err: message, files: applied }, 'nginx reload failed, rolling back');
-    for (const c of accepted) {
-      if (c.previous === null) await removeFile(join(sitesDir, c.name));
-      else await writeAtomic(join(sitesDir, c.name), c.previous);
+  return withCandidate(opts, changes, async (cand) => {
+    // 1. Test: find the changes the candidate tree accepts.
+    const selected = await selectGood(changes, cand.tryWith);
+    const accepted = selected.accepted;
+    const heldBack = [...conflicts, ...selected.heldBack];
+    if (accepted === null) {
+      const all = [...changes.map((c) => c.name), ...plan.delete.map((d) => d.name)];
+      const message = `the config fails nginx -t without any change: ${selected.heldBack[0]?.message ?? ''}`;
+      return { applied: [], heldBack: [...conflicts, ...all.map((file) => ({ file, message }))], reloaded: false };
     }
-    for (const d of plan.delete) await writeAtomic(join(sitesDir, d.name), d.previous);
+    if (accepted.length === 0 && plan.delete.length === 0) return { applied: [], heldBack, reloaded: false };
+
+    // 2. Swap the accepted files into the real dir, remove deleted owned files.
+    await cand.swapIn(accepted);
+    await forEachLimit(plan.delete, WRITE_CONCURRENCY, (d) => removeFile(join(sitesDir, d.name)));
+    const applied = [...accepted.map((c) => c.name), ...plan.delete.map((d) => d.name)];
+
+    // 3. Reload once (the candidate is removed after); a refused reload restores the previous
+    //    files and reloads again.
     try {
       await opts.reload();
-    } catch (err2) {
-      logger?.error({ err: err2 instanceof Error ? err2.message : String(err2) }, 'nginx reload after rollback failed');
+      return { applied, heldBack, reloaded: true };
+    } catch (err) {
+      const message = `reload failed: ${err instanceof Error ? err.message : String(err)}`;
+      logger?.error({ err: message, files: applied }, 'nginx reload failed, rolling back');
+      await forEachLimit(accepted, WRITE_CONCURRENCY, (c) =>
+        c.previous === null ? removeFile(join(sitesDir, c.name)) : writeAtomic(join(sitesDir, c.name), c.previous),
+      );
+      await forEachLimit(plan.delete, WRITE_CONCURRENCY, (d) => writeAtomic(join(sitesDir, d.name), d.previous));
+      try {
+        await opts.reload();
+      } catch (err2) {
+        logger?.error({ err: err2 instanceof Error ? err2.message : String(err2) }, 'nginx reload after rollback failed');
+      }
+      return { applied: [], heldBack: [...heldBack, ...applied.map((file) => ({ file, message }))], reloaded: false, rolledBack: true };
     }
-    return { applied: [], heldBack: [...heldBack, ...applied.map((file) => ({ file, message }))], reloaded: false, rolledBack: true };
-  }
+  });
 }
 
 /**
@@ -238,14 +247,19 @@ async function selectGood(
   return { accepted, heldBack };
 }
 
+interface Candidate {
+  /** `nginx -t` of the candidate tree holding the changes in `names` (the others as before). */
+  tryWith: (names: Set<string>) => Promise<TestResult & { relFile?: string }>;
+  /** Moves the accepted changes into the real dir, each by one atomic rename. */
+  swapIn: (accepted: Change[]) => Promise<void>;
+}
+
 /**
  * Build a candidate copy of the conf dir (current files minus deletions) and a candidate main
- * conf including it; `fn` tries subsets of the changes on it. Both are removed afterwards.
+ * conf including it; `fn` tries subsets of the changes on it and swaps the good ones in. Both
+ * are removed afterwards.
  */
-async function withCandidate<T>(
-  opts: ApplyOptions,
-  fn: (tryWith: (names: Set<string>) => Promise<TestResult & { relFile?: string }>) => Promise<T>,
-): Promise<T> {
+async function withCandidate<T>(opts: ApplyOptions, changes: Change[], fn: (cand: Candidate) => Promise<T>): Promise<T> {
   const { plan, sitesDir, mainConfPath } = opts;
   const mainText = await readFile(mainConfPath, 'utf8');
   if (!mainText.includes(sitesDir)) {
@@ -257,32 +271,46 @@ async function withCandidate<T>(
   try {
     await mkdir(join(candDir, SITES_SUBDIR), { recursive: true });
     const deleted = new Set(plan.delete.map((d) => d.name));
-    for (const name of await listConf(sitesDir)) {
-      // Hard links, not copies: 1,000 sites cost 1,000 link() calls instead of reads and
-      // writes. A changed file is unlinked before it is written, so no original is touched.
-      if (!deleted.has(name)) await link(join(sitesDir, name), join(candDir, name)).catch(() => copyFile(join(sitesDir, name), join(candDir, name)));
-    }
+    // Hard links, not copies: 1,000 sites cost 1,000 link() calls instead of reads and
+    // writes. A changed file is unlinked before it is written, so no original is touched.
+    const kept = (await listConf(sitesDir)).filter((name) => !deleted.has(name));
+    await forEachLimit(kept, WRITE_CONCURRENCY, (name) =>
+      link(join(sitesDir, name), join(candDir, name)).catch(() => copyFile(join(sitesDir, name), join(candDir, name))),
+    );
     await writeFile(candConf, mainText.split(sitesDir).join(candDir));
-    const changes: Change[] = [
-      ...plan.create.map((c) => ({ ...c, previous: null })),
-      ...plan.update.map((u) => ({ name: u.name, text: u.text, previous: u.previous })),
-    ];
+    /** What the candidate holds for each change: its text, or its previous text (null: absent). */
     const state = new Map<string, string | null>(changes.map((c) => [c.name, c.previous]));
     const tryWith = async (names: Set<string>) => {
-      for (const c of changes) {
+      const todo = changes.filter((c) => state.get(c.name) !== (names.has(c.name) ? c.text : c.previous));
+      // Many small files: several writes in flight keep libuv's pool busy (1,000 sites, cold).
+      await forEachLimit(todo, WRITE_CONCURRENCY, async (c) => {
         const want = names.has(c.name) ? c.text : c.previous;
-        if (state.get(c.name) === want) continue;
-        await removeFile(join(candDir, c.name));
-        if (want !== null) await writeFile(join(candDir, c.name), want);
+        if (state.get(c.name) !== null) await removeFile(join(candDir, c.name)); // never write through a link
+        if (want !== null) await writeFile(join(candDir, c.name), want, { mode: 0o644, flag: 'wx' });
         state.set(c.name, want);
-      }
+      });
       const r = await opts.test(candConf);
       if (r.ok) return r;
       const relFile = r.file && r.file.startsWith(`${candDir}/`) ? relative(candDir, r.file) : undefined;
       const message = r.message.split(candDir).join(sitesDir);
       return relFile === undefined ? { ...r, message } : { ...r, message, relFile };
     };
-    return await fn(tryWith);
+    const swapIn = async (accepted: Change[]) => {
+      const dirs = new Set(accepted.map((c) => dirname(join(sitesDir, c.name))));
+      for (const dir of dirs) await mkdir(dir, { recursive: true });
+      await forEachLimit(accepted, WRITE_CONCURRENCY, async (c) => {
+        const to = join(sitesDir, c.name);
+        // The candidate file was written whole before nginx -t read it: renaming it over the
+        // real one is the same atomic swap as writeAtomic, without writing the text again.
+        // A change whose candidate holds other text (bisection ended elsewhere) is written.
+        if (state.get(c.name) === c.text) {
+          const moved = await rename(join(candDir, c.name), to).then(() => true, () => false);
+          if (moved) return;
+        }
+        await writeAtomic(to, c.text, false);
+      });
+    };
+    return await fn({ tryWith, swapIn });
   } finally {
     await rm(candDir, { recursive: true, force: true });
     await rm(candConf, { force: true });

@@ -55,22 +55,38 @@ interface Observed {
 
 export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats } {
   const stats: NginxLoopStats = { configHash: null, reloads: 0, reloadFailures: 0, lastReloadAt: null, filesWritten: 0 };
+  /**
+   * The last render. A PUT's dry run and the pass after it render the same spec object with
+   * the same certificates: the pass reuses the files (1,000 sites: ~0.2 s) instead.
+   */
+  let last: LastRender | null = null;
+  const sameInputs = (r: LastRender, certFor: (d: string) => CertPaths | null): boolean => {
+    for (const [domain, answer] of r.certs) if (JSON.stringify(certFor(domain)) !== answer) return false;
+    for (const [svc, answer] of r.upstreams) if (JSON.stringify(o.upstreamFor!(svc)) !== answer) return false;
+    return true;
+  };
   return {
     name: NGINX_LOOP,
     stats,
     ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
 
     desired(spec: ProxyState, statuses: StatusSnapshot): Map<string, string> {
+      const certFor = o.certFor ? (d: string) => o.certFor!(d, statuses) : () => null;
+      const view = JSON.stringify(o.view);
+      if (last?.spec === spec && last.view === view && sameInputs(last, certFor)) return last.files;
+      // Render, noting what each certFor / upstreamFor call answered.
+      const certs = new Map<string, string>();
+      const upstreams = new Map<Service, string>();
       const views = buildViews(spec, {
         ...o.view,
-        certFor: o.certFor ? (d) => o.certFor!(d, statuses) : () => null,
-        ...(o.upstreamFor ? { upstreamFor: o.upstreamFor } : {}),
+        certFor: (d) => note(certs, d, certFor(d)),
+        ...(o.upstreamFor ? { upstreamFor: (svc: Service) => note(upstreams, svc, o.upstreamFor!(svc)) } : {}),
       });
       const files = renderAll(views);
-      if (!o.renderHook) return files;
-      const out = new Map<string, string>();
-      for (const [name, text] of files) out.set(name, o.renderHook(name, text));
-      return out;
+      // A test's hook may change its mind between passes: never reuse a hooked render.
+      if (o.renderHook) return new Map([...files].map(([name, text]) => [name, o.renderHook!(name, text)]));
+      last = { spec, view, certs, upstreams, files };
+      return files;
     },
 
     async observe(ctx: LoopContext): Promise<Observed> {
@@ -97,17 +113,12 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         }
         const previous = owned.get(name) ?? null;
         if (previous === text) continue;
-        actions.push({
-          key: name,
-          kind: previous === null ? 'create' : 'update',
-          summary: `${previous === null ? 'create' : 'update'} ${name}`,
-          payload: { name, text, previous },
-          diff: unifiedDiff(previous, text, name),
-        });
+        const kind = previous === null ? 'create' : 'update';
+        actions.push(withLazyDiff({ key: name, kind, summary: `${kind} ${name}`, payload: { name, text, previous } }));
       }
       for (const [name, previous] of owned) {
         if (desired.has(name)) continue;
-        actions.push({ key: name, kind: 'delete', summary: `delete ${name}`, payload: { name, text: null, previous }, diff: unifiedDiff(previous, null, name) });
+        actions.push(withLazyDiff({ key: name, kind: 'delete', summary: `delete ${name}`, payload: { name, text: null, previous } }));
       }
       return actions;
     },
@@ -180,6 +191,34 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       return outcomes;
     },
   };
+}
+
+/**
+ * The action with its unified diff computed when first read: a dry run shows it, a pass
+ * applying 1,000 new sites never needs it.
+ */
+function withLazyDiff(action: Omit<Action<FilePayload>, 'diff'>): Action<FilePayload> {
+  const { name, text, previous } = action.payload;
+  let diff: string | undefined;
+  return Object.defineProperty(action, 'diff', {
+    enumerable: true,
+    get: () => (diff ??= unifiedDiff(previous, text, name)),
+  }) as Action<FilePayload>;
+}
+
+interface LastRender {
+  spec: ProxyState;
+  /** The view options, as JSON (the API port is filled in once it listens). */
+  view: string;
+  /** What certFor / upstreamFor answered (as JSON) while rendering: still the same → reuse. */
+  certs: Map<string, string>;
+  upstreams: Map<Service, string>;
+  files: Map<string, string>;
+}
+
+function note<K, V>(answers: Map<K, string>, key: K, value: V): V {
+  answers.set(key, JSON.stringify(value));
+  return value;
 }
 
 function configHash(files: Map<string, string>): string {

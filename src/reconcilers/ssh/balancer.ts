@@ -56,6 +56,7 @@ export class Balancer {
   readonly #conns = new Map<Upstream, Set<Duplex>>();
   readonly #idle = new Map<Upstream, () => void>();
   readonly #opening = new Map<Upstream, number>();
+  readonly #binding = new Map<string, Promise<void>>();
 
   constructor(o: BalancerOptions) {
     this.#o = o;
@@ -73,30 +74,71 @@ export class Balancer {
     return [...this.#services].filter(([, e]) => e.server !== null).map(([k]) => k);
   }
 
-  /** Binds the service's socket (removing a stale file first). Idempotent. */
+  /** Binds the service's socket (replacing a stale file). Idempotent. */
   async listen(serviceKey: string): Promise<void> {
-    const entry = this.#entry(serviceKey);
-    if (entry.server !== null) return;
-    const path = this.socketPathFor(serviceKey);
+    const failed = await this.listenAll([serviceKey]);
+    const err = failed.get(serviceKey);
+    if (err !== undefined) throw err;
+  }
+
+  /**
+   * Binds the sockets of many services at once (a cold start: 1,000s): the directory is made
+   * once and several binds are in flight. Returns the error of each key that failed.
+   */
+  async listenAll(serviceKeys: readonly string[], concurrency = 16): Promise<Map<string, unknown>> {
+    const failed = new Map<string, unknown>();
+    const todo = serviceKeys.filter((k) => this.#services.get(k)?.server == null);
+    if (todo.length === 0) return failed;
     await mkdir(this.#o.socketDir, { recursive: true, mode: 0o755 });
-    await unlink(path).catch((err: NodeJS.ErrnoException) => {
-      if (err.code !== 'ENOENT') throw err;
-    });
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < todo.length) {
+        const key = todo[next++]!;
+        // A bind of this key already in flight (listen() called twice) is joined, not repeated.
+        let binding = this.#binding.get(key);
+        if (!binding) {
+          binding = this.#bind(key).finally(() => this.#binding.delete(key));
+          this.#binding.set(key, binding);
+        }
+        await binding.catch((err: unknown) => failed.set(key, err));
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(concurrency, todo.length) }, worker));
+    return failed;
+  }
+
+  async #bind(serviceKey: string): Promise<void> {
+    const path = this.socketPathFor(serviceKey);
     // pauseOnConnect: no read is started (and stopped again) before the upstream is open.
     // allowHalfOpen: a client's EOF goes upstream while the reply still flows back.
     const server = createServer({ pauseOnConnect: true, allowHalfOpen: true }, (sock) => this.#accept(serviceKey, sock));
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(path, () => {
-        server.removeListener('error', reject);
-        resolve();
+    const listen = (): Promise<void> =>
+      new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(path, () => {
+          server.removeListener('error', reject);
+          resolve();
+        });
       });
+    // A file left at the path (a previous run's socket) is removed only when it is in the way:
+    // one unlink per stale socket instead of one per bind.
+    await listen().catch(async (err: NodeJS.ErrnoException) => {
+      if (err.code !== 'EADDRINUSE') throw err;
+      await unlink(path).catch((e: NodeJS.ErrnoException) => {
+        if (e.code !== 'ENOENT') throw e;
+      });
+      await listen();
     });
     server.on('error', (err) => this.#o.logger?.error({ err, service: serviceKey }, 'balancer socket error'));
-    const mode = this.#o.socketMode ?? (this.#o.socketGid !== undefined ? 0o660 : 0o600);
-    await chmod(path, mode);
-    if (this.#o.socketUid !== undefined || this.#o.socketGid !== undefined) await chown(path, this.#o.socketUid ?? -1, this.#o.socketGid ?? -1);
-    entry.server = server;
+    try {
+      const mode = this.#o.socketMode ?? (this.#o.socketGid !== undefined ? 0o660 : 0o600);
+      await chmod(path, mode);
+      if (this.#o.socketUid !== undefined || this.#o.socketGid !== undefined) await chown(path, this.#o.socketUid ?? -1, this.#o.socketGid ?? -1);
+    } catch (err) {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      throw err;
+    }
+    this.#entry(serviceKey).server = server;
   }
 
   /** Closes and removes the service's socket; open connections keep running. */

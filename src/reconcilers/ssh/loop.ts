@@ -10,7 +10,7 @@ import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../clock.js';
-import type { Action, ApplyResult, Loop, LoopContext, StatusWriter } from '../types.js';
+import type { Action, BatchOutcome, Loop, LoopContext, StatusWriter } from '../types.js';
 import { Balancer, type Upstream } from './balancer.js';
 import { HostKeyBook } from './host-keys.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica, type DesiredSsh } from './targets.js';
@@ -215,21 +215,43 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       return actions;
     },
 
-    async apply(action: Action<SshPayload>, ctx: LoopContext): Promise<ApplyResult> {
+    async applyBatch(actions: Action<SshPayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
       writer = ctx.status;
-      const p = action.payload;
-      if (p.what === 'service') {
-        if (action.kind === 'delete') await balancer.unlisten(p.serviceKey);
-        else await balancer.listen(p.serviceKey);
-        return 'done';
+      const outcomes = new Map<string, BatchOutcome>();
+      const listen: string[] = [];
+      const unlisten: string[] = [];
+      // 1. Replicas first (in memory, at once): a socket that starts listening below already
+      //    has its replicas in rotation.
+      for (const action of actions) {
+        const p = action.payload;
+        if (p.what === 'service') {
+          (action.kind === 'delete' ? unlisten : listen).push(p.serviceKey);
+          continue;
+        }
+        try {
+          const id = action.key.slice('replica:'.length);
+          if (p.previous) {
+            stop(id, p.previous.serviceKey);
+            ctx.status.delete(replicaObjectKey(p.previous.serviceKey, id));
+          }
+          if (p.replica) start(p.replica, ctx);
+          outcomes.set(action.key, 'done');
+        } catch (error) {
+          outcomes.set(action.key, { error });
+        }
       }
-      const id = action.key.slice('replica:'.length);
-      if (p.previous) {
-        stop(id, p.previous.serviceKey);
-        ctx.status.delete(replicaObjectKey(p.previous.serviceKey, id));
-      }
-      if (p.replica) start(p.replica, ctx);
-      return 'done';
+      // 2. Sockets: closed ones, then new ones bound several at a time (1,000s on a cold start).
+      await Promise.all(
+        unlisten.map((sk) =>
+          balancer.unlisten(sk).then(
+            () => outcomes.set(`service:${sk}`, 'done'),
+            (error: unknown) => outcomes.set(`service:${sk}`, { error }),
+          ),
+        ),
+      );
+      const failed = await balancer.listenAll(listen);
+      for (const sk of listen) outcomes.set(`service:${sk}`, failed.has(sk) ? { error: failed.get(sk) } : 'done');
+      return outcomes;
     },
 
     activeConnections(replicaId: string): number {

@@ -1,8 +1,11 @@
 // The data-path pieces tuned for P5: pooled padding randomness, write coalescing on the SSH
-// socket, and splice() joining a balancer client with its upstream (bytes, backpressure, EOF).
+// socket, splice() joining a balancer client with its upstream (bytes, backpressure, EOF), and
+// binding many balancer sockets at once (P3).
 
 import { randomBytes, createHash } from 'node:crypto';
+import { mkdirSync, statSync, writeFileSync } from 'node:fs';
 import { connect, createServer, type Server, type Socket } from 'node:net';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Balancer, type Upstream } from '../../../src/reconcilers/ssh/balancer.js';
 import { coalesceWrites } from '../../../src/reconcilers/ssh/ssh-chain.js';
@@ -127,5 +130,47 @@ describe('splice through the balancer socket', () => {
     expect(got.length).toBe(payload.length);
     expect(createHash('sha256').update(got).digest('hex')).toBe(createHash('sha256').update(payload).digest('hex'));
     client.destroy();
+  });
+});
+
+describe('Balancer.listenAll', () => {
+  let tmp: ReturnType<typeof tmpDir>;
+  let balancer: Balancer;
+  beforeAll(() => {
+    tmp = tmpDir('dp-listen-');
+    balancer = new Balancer({ socketDir: join(tmp.dir, 'sockets') });
+  });
+  afterAll(async () => {
+    await balancer.close();
+    tmp.cleanup();
+  });
+
+  it('binds many sockets at once (mode 0600), replacing a file left at a path, and is idempotent', async () => {
+    const keys = Array.from({ length: 40 }, (_, i) => `p/svc-${i}`);
+    // A previous run's socket file, nobody listening on it.
+    mkdirSync(join(tmp.dir, 'sockets'), { recursive: true });
+    writeFileSync(balancer.socketPathFor(keys[7]!), '');
+    const failed = await balancer.listenAll(keys);
+    expect([...failed]).toEqual([]);
+    expect(balancer.listening().sort()).toEqual([...keys].sort());
+    for (const k of keys) {
+      const st = statSync(balancer.socketPathFor(k));
+      expect(st.isSocket()).toBe(true);
+      expect(st.mode & 0o777).toBe(0o600);
+    }
+    // A connection reaches the balancer: no replica yet, so the 503 answer.
+    const reply = await new Promise<string>((resolve, reject) => {
+      const s = connect({ path: balancer.socketPathFor(keys[7]!) });
+      let text = '';
+      s.on('data', (d: Buffer) => (text += d.toString()));
+      s.once('end', () => resolve(text));
+      s.once('error', reject);
+      s.end('GET / HTTP/1.1\r\nHost: x\r\n\r\n');
+    });
+    expect(reply).toMatch(/^HTTP\/1\.1 503 /);
+    // Twice at once, then again: no error, nothing bound twice.
+    const [again, twice] = await Promise.all([balancer.listenAll(keys), balancer.listen(keys[0]!).then(() => new Map())]);
+    expect([...again, ...twice]).toEqual([]);
+    expect(balancer.listening()).toHaveLength(keys.length);
   });
 });
