@@ -1,12 +1,12 @@
 // How a chat request reaches a replica. Injected into the plugin so that both deployments share
 // it: the gateway goes through its own Nginx (load balancing, rate limits and stats like any other
 // request; Nginx lets 127.0.0.1 past auth_request), the in-server proxy through the SSH loop's
-// `connect(serviceKey)`. Both keep connections alive and stream the response body (the second one
-// reads a small non-streaming answer whole, see upstream.ts).
+// `connect(serviceKey)`. Both send with the lean HTTP/1.1 client of src/http1, keep connections
+// alive, stream the response body, and read a small non-streaming answer whole (upstream.ts).
 
 import { EventEmitter } from 'node:events';
+import { connect as netConnect } from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
-import { Pool, type Dispatcher } from 'undici';
 import { Http1Pool } from '../http1/index.js';
 import type { Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
@@ -22,9 +22,9 @@ export interface UpstreamRequest {
 }
 
 /**
- * Emits 'abort' once when the client goes away. An EventEmitter (which undici also takes as a
- * signal) rather than an AbortController: creating one and listening on its signal cost more CPU
- * per request than the rest of the plugin's own work.
+ * Emits 'abort' once when the client goes away. An EventEmitter rather than an AbortController:
+ * creating one and listening on its signal cost more CPU per request than the rest of the
+ * plugin's own work.
  */
 export class ClientAbort extends EventEmitter {
   aborted = false;
@@ -60,19 +60,8 @@ export interface ForwarderTimeouts {
 
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 300_000; // 300 s
 
-async function send(dispatcher: Dispatcher, origin: string, host: string, req: UpstreamRequest, t: ForwarderTimeouts): Promise<UpstreamResponse> {
-  const res = await dispatcher.request({
-    origin,
-    path: req.path,
-    method: 'POST',
-    headers: { host, 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-    body: req.body,
-    signal: req.signal,
-    headersTimeout: t.headersTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS,
-    bodyTimeout: t.bodyTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS,
-  });
-  return { status: res.statusCode, headers: res.headers, body: res.body };
-}
+/** The request head every forwarded chat request carries besides Host. */
+const JSON_HEADERS = ['content-type', 'application/json', 'accept', 'application/json, text/event-stream'] as const;
 
 export interface NginxForwarderOptions extends ForwarderTimeouts {
   /** The port Nginx serves the services' plain-HTTP sites on. */
@@ -86,12 +75,17 @@ export interface NginxForwarderOptions extends ForwarderTimeouts {
 /** Forwards through the gateway's Nginx with the service's Host header. */
 export function nginxForwarder(o: NginxForwarderOptions): Forwarder {
   if (!Number.isInteger(o.httpPort) || o.httpPort < 1 || o.httpPort > 65535) throw new RangeError(`httpPort must be a TCP port, got ${o.httpPort}`);
-  const origin = `http://${o.host ?? '127.0.0.1'}:${o.httpPort}`;
-  const pool = new Pool(origin, { connections: o.connections ?? 256, keepAliveTimeout: 60_000, pipelining: 1 });
+  const host = o.host ?? '127.0.0.1';
+  const pool = new Http1Pool({
+    connect: async () => netConnect({ port: o.httpPort, host, noDelay: true }),
+    maxConnections: o.connections ?? 256,
+    headersTimeoutMs: o.headersTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS,
+    bodyTimeoutMs: o.bodyTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS,
+  });
   return {
     async forward(service, req) {
       if (!service.domain) throw new ModelApiError(503, `Service ${serviceKey(service)} has no domain on this gateway`);
-      return send(pool, origin, service.domain, req, o);
+      return exchange(pool, { method: 'POST', path: req.path, headers: ['host', service.domain, ...JSON_HEADERS], body: req.body }, req.signal);
     },
     close: () => pool.close(),
   };
@@ -104,9 +98,6 @@ export interface ConnectForwarderOptions extends ForwarderTimeouts {
   /** Most keep-alive connections per service. Default 64. */
   connectionsPerService?: number;
 }
-
-/** The request head every forwarded chat request carries besides Host. */
-const JSON_HEADERS = ['content-type', 'application/json', 'accept', 'application/json, text/event-stream'] as const;
 
 /**
  * Forwards over streams from `connect(serviceKey)`: one keep-alive Http1Pool per service whose
