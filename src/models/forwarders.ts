@@ -125,7 +125,7 @@ export function connectForwarder(connect: ConnectFn, o: ConnectForwarderOptions 
     return p;
   };
   return {
-    async forward(service, req) {
+    forward(service, req) {
       const { pool, headers } = poolFor(service);
       return exchange(pool, { method: 'POST', path: req.path, headers, body: req.body }, req.signal);
     },

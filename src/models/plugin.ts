@@ -147,8 +147,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
       }
 
       async function openaiCompletion(reply: FastifyReply, service: Service, prefix: string, raw: Buffer, abort: ClientAbort) {
-        const base = prefix === '' || prefix.startsWith('/') ? prefix : `/${prefix}`;
-        const res = await call(service, `${base.replace(/\/+$/, '')}/chat/completions`, raw, abort);
+        const res = await call(service, completionsPath(prefix), raw, abort);
         const type = headerValue(res.headers['content-type']) ?? 'application/json';
         const sse = type.startsWith('text/event-stream');
         void reply.code(res.status).header('content-type', type);
@@ -251,6 +250,18 @@ async function* relay(body: Readable, abort: ClientAbort): AsyncGenerator<Buffer
   } finally {
     body.destroy();
   }
+}
+
+/** `<prefix>/chat/completions` on the replica, per prefix (a handful per document). */
+const completionsPaths = new Map<string, string>();
+function completionsPath(prefix: string): string {
+  let path = completionsPaths.get(prefix);
+  if (path === undefined) {
+    const base = prefix === '' || prefix.startsWith('/') ? prefix : `/${prefix}`;
+    path = `${base.replace(/\/+$/, '')}/chat/completions`;
+    if (completionsPaths.size < 1024) completionsPaths.set(prefix, path);
+  }
+  return path;
 }
 
 function streamOf(body: Readable | Buffer): Readable {
