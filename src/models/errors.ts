@@ -50,15 +50,18 @@ export function invalidField(field: string, problem: string): ModelApiError {
   return new ModelApiError(422, `Invalid request body: ${field} ${problem}`);
 }
 
+/** Error codes of the forwarders' HTTP clients (undici, src/http1) and sockets that mean a timeout. */
+const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT', 'DP_HTTP1_HEADERS_TIMEOUT', 'DP_HTTP1_BODY_TIMEOUT', 'ETIMEDOUT']);
+
 /** Any error as a ModelApiError: network failures of the forwarder become 502/504, the rest 500. */
 export function toModelError(err: unknown): ModelApiError {
   if (err instanceof ModelApiError) return err;
   const code = typeof err === 'object' && err !== null && 'code' in err ? String((err as { code: unknown }).code) : '';
   const message = err instanceof Error ? err.message : String(err);
-  if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT' || code === 'UND_ERR_CONNECT_TIMEOUT' || code === 'ETIMEDOUT') {
+  if (TIMEOUT_CODES.has(code)) {
     return new ModelApiError(504, `Timed out requesting model: ${message}`, { cause: err });
   }
-  if (code.startsWith('UND_ERR') || code.startsWith('E') || code === 'ECONNRESET') {
+  if (code.startsWith('UND_ERR') || code.startsWith('DP_HTTP1_') || code.startsWith('E')) {
     return new ModelApiError(502, `Error requesting model: ${message}`, { cause: err });
   }
   return new ModelApiError(500, 'Internal error', { cause: err });

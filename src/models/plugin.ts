@@ -14,7 +14,7 @@ import { serviceKey } from '../spec/types.js';
 import { catalogOf, observeModels, type ModelEntry } from './catalog.js';
 import { ModelApiError, toModelError, typeForStatus, unauthorized, upstreamMessage } from './errors.js';
 import { memoryFirstSeenStore, modelKey, type FirstSeenStore } from './first-seen.js';
-import type { UpstreamRequest, UpstreamResponse } from './forwarders.js';
+import { ClientAbort, type UpstreamRequest, type UpstreamResponse } from './forwarders.js';
 import { chatRequest, parseJsonBody, tgiParams, type ChatRequest } from './request.js';
 import { dataLines, DONE_FRAME, errorFrame } from './sse.js';
 import { renderPrompt } from './template.js';
@@ -121,7 +121,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         const chat = chatRequest(parseJsonBody(raw));
         const { service } = lookup(projectOf(req), chat.model);
         if (service.replicas.length === 0) throw new ModelApiError(503, `Service ${serviceKey(service)} has no running replicas`);
-        const abort = new AbortController();
+        const abort = new ClientAbort();
         // The client went away before the answer was complete: the replica stops generating.
         reply.raw.on('close', () => {
           if (!reply.raw.writableFinished) abort.abort();
@@ -131,10 +131,10 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         return tgiCompletionRoute(reply, service, model, chat, abort);
       });
 
-      async function call(service: Service, path: string, body: Buffer | string, abort: AbortController): Promise<UpstreamResponse> {
+      async function call(service: Service, path: string, body: Buffer | string, abort: ClientAbort): Promise<UpstreamResponse> {
         let res: UpstreamResponse;
         try {
-          res = await o.forward(service, { path, body, signal: abort.signal });
+          res = await o.forward(service, { path, body, signal: abort });
         } catch (err) {
           throw toModelError(err);
         }
@@ -146,19 +146,21 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         return res;
       }
 
-      async function openaiCompletion(reply: FastifyReply, service: Service, prefix: string, raw: Buffer, abort: AbortController) {
-        const base = prefix === '' || prefix.startsWith('/') ? prefix : `/${prefix}`;
-        const res = await call(service, `${base.replace(/\/+$/, '')}/chat/completions`, raw, abort);
+      async function openaiCompletion(reply: FastifyReply, service: Service, prefix: string, raw: Buffer, abort: ClientAbort) {
+        const res = await call(service, completionsPath(prefix), raw, abort);
         const type = headerValue(res.headers['content-type']) ?? 'application/json';
         const sse = type.startsWith('text/event-stream');
         void reply.code(res.status).header('content-type', type);
         if (sse) void reply.header('x-accel-buffering', 'no').header('cache-control', 'no-cache');
-        // A JSON answer is piped as is (a failure mid-body resets the response); an event stream
+        // A small answer the forwarder read whole goes out in one write with its length; a larger
+        // JSON answer is piped as is (a failure mid-body resets the response); an event stream
         // goes through relay() so that a failure becomes an SSE error event.
-        return reply.send(sse ? Readable.from(relay(res, abort)) : res.body);
+        if (!sse && Buffer.isBuffer(res.body)) return reply.send(res.body);
+        const body = streamOf(res.body);
+        return reply.send(sse ? Readable.from(relay(body, abort)) : body);
       }
 
-      async function tgiCompletionRoute(reply: FastifyReply, service: Service, model: Extract<Service['model'], { format: 'tgi' }>, chat: ChatRequest, abort: AbortController) {
+      async function tgiCompletionRoute(reply: FastifyReply, service: Service, model: Extract<Service['model'], { format: 'tgi' }>, chat: ChatRequest, abort: ClientAbort) {
         const params = tgiParams(chat.body);
         if (!model.chatTemplate) throw new ModelApiError(400, `Model ${model.name} has no chat template`);
         const bosToken = model.bosToken ?? '';
@@ -181,7 +183,8 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
           return reply.send(tgiCompletion(data, ctx));
         }
         const converter = tgiStreamConverter({ ...ctx, includeUsage: chat.includeUsage });
-        const lines = dataLines(res.body)[Symbol.asyncIterator]();
+        const body = streamOf(res.body);
+        const lines = dataLines(body)[Symbol.asyncIterator]();
         const convert = (payload: string): string[] => {
           let data: unknown;
           try {
@@ -200,7 +203,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
             if (n.value !== '[DONE]') first.push(...convert(n.value));
           }
         } catch (err) {
-          res.body.destroy();
+          body.destroy();
           throw toModelError(err);
         }
         async function* frames(): AsyncGenerator<string> {
@@ -215,9 +218,9 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
             if (!converter.done) throw new ModelApiError(502, 'The model stream ended before its final event');
             yield DONE_FRAME;
           } catch (err) {
-            if (!abort.signal.aborted) yield errorFrame(toModelError(err));
+            if (!abort.aborted) yield errorFrame(toModelError(err));
           } finally {
-            res.body.destroy();
+            body.destroy();
           }
         }
         return reply
@@ -233,27 +236,44 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
 }
 
 /** The replica's body as it arrives; a failure mid-SSE ends the stream with an error event. */
-async function* relay(res: UpstreamResponse, abort: AbortController): AsyncGenerator<Buffer | string> {
+async function* relay(body: Readable, abort: ClientAbort): AsyncGenerator<Buffer | string> {
   let tail = '\n\n';
   try {
-    for await (const chunk of res.body as AsyncIterable<Buffer>) {
+    for await (const chunk of body as AsyncIterable<Buffer>) {
       if (chunk.length === 0) continue;
       tail = chunk.subarray(-2).toString('latin1');
       yield chunk;
     }
   } catch (err) {
-    if (abort.signal.aborted) throw err;
+    if (abort.aborted) throw err;
     yield (tail.endsWith('\n\n') ? '' : tail.endsWith('\n') ? '\n' : '\n\n') + errorFrame(toModelError(err));
   } finally {
-    res.body.destroy();
+    body.destroy();
   }
 }
 
-async function readCapped(body: AsyncIterable<Buffer | string> & { destroy(): void }, max: number): Promise<string> {
+/** `<prefix>/chat/completions` on the replica, per prefix (a handful per document). */
+const completionsPaths = new Map<string, string>();
+function completionsPath(prefix: string): string {
+  let path = completionsPaths.get(prefix);
+  if (path === undefined) {
+    const base = prefix === '' || prefix.startsWith('/') ? prefix : `/${prefix}`;
+    path = `${base.replace(/\/+$/, '')}/chat/completions`;
+    if (completionsPaths.size < 1024) completionsPaths.set(prefix, path);
+  }
+  return path;
+}
+
+function streamOf(body: Readable | Buffer): Readable {
+  return Buffer.isBuffer(body) ? Readable.from([body]) : body;
+}
+
+async function readCapped(body: Readable | Buffer, max: number): Promise<string> {
+  if (Buffer.isBuffer(body)) return body.subarray(0, max).toString('utf8');
   const parts: Buffer[] = [];
   let size = 0;
   try {
-    for await (const c of body) {
+    for await (const c of body as AsyncIterable<Buffer | string>) {
       const b = typeof c === 'string' ? Buffer.from(c) : c;
       parts.push(b);
       size += b.length;

@@ -177,6 +177,52 @@ describe('openai format', () => {
     expect((err as Error).message).toMatch(/Error requesting model/);
   });
 
+  it('a client that goes away closes the replica connection, before the answer and mid-stream', async () => {
+    for (const stream of [false, true]) {
+      const asked = new Gate();
+      const closed = new Gate();
+      oa.next.push((_req, _body, res) => {
+        res.on('close', () => closed.release());
+        if (stream) {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          sse(res, openaiChunk('Hel'));
+        }
+        asked.release();
+        // …and never finishes: only the client going away ends this exchange.
+      });
+      const client = new AbortController();
+      const pending = fetch(`${api.baseUrl}/api/models/main/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: 'Bearer good', 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'org/oa-model', messages: user, stream }),
+        signal: client.signal,
+      });
+      await asked.wait();
+      if (stream) {
+        const reader = (await pending).body!.getReader();
+        expect(new TextDecoder().decode((await reader.read()).value)).toContain('Hel');
+      } else pending.catch(() => undefined);
+      client.abort();
+      await closed.wait();
+      expect(closed.released).toBe(true);
+    }
+  });
+
+  it('a small answer cut short is a 502, not a truncated 200', async () => {
+    oa.next.push((_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': '100' });
+      res.write('{"id":"chatcmpl-up",');
+      setTimeout(() => res.destroy(), 20);
+    });
+    const res = await fetch(`${api.baseUrl}/api/models/main/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer good', 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'org/oa-model', messages: user }),
+    });
+    expect(res.status).toBe(502);
+    expect(await res.json()).toMatchObject({ error: { type: 'upstream_error', code: 502 } });
+  });
+
   it('a model with no replicas is 503, an unknown model 404, an unreachable replica 502', async () => {
     const e503 = await api.client().chat.completions.create({ model: 'a-idle-model', messages: user }).catch((e: unknown) => e);
     expect((e503 as InstanceType<typeof OpenAI.APIError>).status).toBe(503);
