@@ -70,6 +70,9 @@ class StreamHandler implements Http1Handler {
 
   onResponseEnd(): void {
     this.cleanup?.();
+    // The exchange is over: the stream's auto-destroy after 'end' has nothing to abort (and
+    // must not build an Error with a stack per response).
+    this.exchange = null;
     this.#body!.push(null);
   }
 
