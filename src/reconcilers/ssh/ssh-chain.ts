@@ -6,7 +6,8 @@ import { connect as netConnect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Algorithms, Client as Ssh2Client, ClientChannel } from 'ssh2';
 import type { HostKeyBook } from './host-keys.js';
-import { Client } from './ssh2-runtime.js';
+import { ackPromptly } from './prompt-ack.js';
+import { Client, ignoreSender } from './ssh2-runtime.js';
 import type { HopTarget } from './targets.js';
 
 type Client = Ssh2Client;
@@ -64,6 +65,7 @@ function connectHop(hop: HopTarget, sock: Duplex | undefined, endpoint: string, 
     const client = new Client();
     // Hop 0: our own TCP socket, so that its writes can be coalesced (see coalesceWrites).
     if (!sock) sock = coalesceWrites(netConnect({ host: hop.host, port: hop.port, noDelay: true }));
+    const transport = sock;
     let mismatch: string | null = null;
     let settled = false;
     const fail = (err: unknown): void => {
@@ -82,6 +84,9 @@ function connectHop(hop: HopTarget, sock: Duplex | undefined, endpoint: string, 
       client.removeListener('error', fail);
       client.on('error', () => undefined); // later errors surface as 'close' to the owner
       client.setNoDelay(true);
+      // Every hop: each sshd's socket (to us, or to the previous sshd) runs Nagle.
+      const nudge = ignoreSender(client);
+      if (nudge !== null) ackPromptly(transport, nudge);
       resolve(client);
     });
     client.on('error', fail);

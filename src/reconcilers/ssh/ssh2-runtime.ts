@@ -47,3 +47,30 @@ function loadSsh2(): typeof Ssh2 {
 
 const ssh2 = loadSsh2();
 export const Client: typeof Ssh2.Client = ssh2.Client;
+
+/** ssh2's packet writer and its send function: ssh2 has no public call for SSH_MSG_IGNORE. */
+interface PacketProtocol {
+  _packetRW: { write: { allocStart: number; alloc(n: number): Buffer; finalize(packet: Buffer): Buffer } };
+}
+const utils = createRequire(import.meta.url)('ssh2/lib/protocol/utils.js') as { sendPacket?: (proto: PacketProtocol, packet: Buffer) => boolean };
+const MSG_IGNORE = 2;
+
+/**
+ * A sender of SSH_MSG_IGNORE (empty data) on the client's connection, or null when this ssh2
+ * does not have the internals it needs (then callers do without). Built the way ssh2 builds
+ * its own packets, so it is encrypted, sequenced and held back during a key exchange like them.
+ */
+export function ignoreSender(client: Ssh2.Client): (() => void) | null {
+  const proto = (client as unknown as { _protocol?: Partial<PacketProtocol> })._protocol;
+  const send = utils.sendPacket;
+  if (typeof proto?._packetRW?.write?.alloc !== 'function' || typeof send !== 'function') return null;
+  const p = proto as PacketProtocol;
+  return () => {
+    const writer = p._packetRW.write; // replaced after a key exchange that turns compression on
+    const start = writer.allocStart;
+    const packet = writer.alloc(1 + 4);
+    packet[start] = MSG_IGNORE;
+    packet.writeUInt32BE(0, start + 1); // string data: empty
+    send(p, writer.finalize(packet));
+  };
+}

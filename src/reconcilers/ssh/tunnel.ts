@@ -63,7 +63,8 @@ export class ReplicaTunnel {
    * does not raise requests/s (the machine is CPU-bound and an open costs the same CPU whenever
    * it happens), and it needs care: sshd sets no TCP_NODELAY on a connection without a tty, so
    * its unsolicited CHANNEL_OPEN_CONFIRMATION followed by response data stalled 40 ms on our
-   * delayed ACK until something was sent back after each confirmation.
+   * delayed ACK until something was sent back after each confirmation (ackPromptly in
+   * prompt-ack.ts now does that for every connection).
    */
   async open(): Promise<Duplex> {
     const last = this.#clients[this.#clients.length - 1];

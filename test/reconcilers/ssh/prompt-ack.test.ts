@@ -1,0 +1,126 @@
+// Prompt ACKs for sshd's Nagle: ackPromptly sends one nudge after unanswered arrivals and none
+// when the client answered; SSH_MSG_IGNORE from ignoreSender is accepted by a real sshd on a
+// direct hop and through a jump host, and the tunnel keeps carrying requests.
+
+import type { Server } from 'node:http';
+import { Duplex } from 'node:stream';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Client } from 'ssh2';
+import { HostKeyBook } from '../../../src/reconcilers/ssh/host-keys.js';
+import { ackPromptly } from '../../../src/reconcilers/ssh/prompt-ack.js';
+import { connectChain, forwardOut } from '../../../src/reconcilers/ssh/ssh-chain.js';
+import { ignoreSender } from '../../../src/reconcilers/ssh/ssh2-runtime.js';
+import { close, startEcho } from '../../helpers/http.js';
+import { freePort } from '../../helpers/ports.js';
+import { startSshdChain, type ClientKey, type TestSshd } from '../../helpers/sshd.js';
+import { tmpDir } from '../../helpers/tmp.js';
+
+/** A transport whose writes are recorded and whose reads are pushed by the test. */
+function fakeTransport(): { t: Duplex; written: string[] } {
+  const written: string[] = [];
+  const t = new Duplex({
+    read() {},
+    write(chunk: Buffer, _enc, cb) {
+      written.push(chunk.toString());
+      cb();
+    },
+  });
+  t.on('data', () => undefined); // the SSH client reading
+  return { t, written };
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+describe('ackPromptly', () => {
+  it('nudges once after bytes arrived that nothing answered', async () => {
+    const { t } = fakeTransport();
+    let nudges = 0;
+    const nudged = new Promise<void>((resolve) =>
+      ackPromptly(t, () => {
+        nudges++;
+        resolve();
+      }),
+    );
+    t.push(Buffer.from('a'));
+    t.push(Buffer.from('b'));
+    await nudged;
+    await sleep(20);
+    expect(nudges).toBe(1); // one nudge pays for every arrival before it
+    t.destroy();
+  });
+
+  it('does not nudge when the client wrote after the arrival', async () => {
+    const { t, written } = fakeTransport();
+    let nudges = 0;
+    ackPromptly(t, () => nudges++, 10);
+    t.once('data', () => t.write(Buffer.from('reply'))); // ssh2 answering while it parses
+    t.push(Buffer.from('request'));
+    await sleep(50);
+    expect(nudges).toBe(0);
+    expect(written).toEqual(['reply']);
+    t.destroy();
+  });
+
+  it('does not nudge a transport that closed', async () => {
+    const { t } = fakeTransport();
+    let nudges = 0;
+    ackPromptly(t, () => nudges++);
+    t.push(Buffer.from('a'));
+    t.destroy();
+    await sleep(20);
+    expect(nudges).toBe(0);
+  });
+});
+
+describe('SSH_MSG_IGNORE on a real sshd', () => {
+  let tmp: ReturnType<typeof tmpDir>;
+  let key: ClientKey;
+  let sshds: TestSshd[];
+  let stop: () => Promise<void>;
+  let echo: Server;
+  let appPort = 0;
+  beforeAll(async () => {
+    tmp = tmpDir('dp-prompt-ack-');
+    ({ key, sshds, stop } = await startSshdChain(tmp.dir, 2));
+    appPort = await freePort();
+    echo = await startEcho('app', { port: appPort });
+  });
+  afterAll(async () => {
+    await stop?.();
+    if (echo) await close(echo);
+    tmp?.cleanup();
+  });
+
+  const get = async (client: Client): Promise<string> => {
+    const ch = await forwardOut(client, '127.0.0.1', appPort, 5_000);
+    const chunks: Buffer[] = [];
+    ch.on('data', (d: Buffer) => chunks.push(d));
+    const ended = new Promise((r) => ch.once('close', r));
+    ch.end('GET /x HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n');
+    await ended;
+    return Buffer.concat(chunks).toString();
+  };
+
+  for (const hops of [1, 2]) {
+    it(`is accepted by every hop (${hops} hop${hops > 1 ? 's' : ''}) and the tunnel keeps working`, async () => {
+      const targets = sshds.slice(0, hops).map((s) => ({ host: '127.0.0.1', port: s.port, user: s.user, privateKey: key.privateKey }));
+      const clients = await connectChain(targets, { hostKeys: new HostKeyBook(), connectTimeoutMs: 10_000, keepaliveIntervalMs: 0, keepaliveCountMax: 3 });
+      let closed = false;
+      for (const c of clients) c.once('close', () => (closed = true));
+      try {
+        const last = clients[clients.length - 1]!;
+        expect(await get(last)).toMatch(/^HTTP\/1\.1 200/);
+        for (const c of clients) {
+          const send = ignoreSender(c);
+          expect(send).not.toBeNull();
+          for (let i = 0; i < 3; i++) send!();
+        }
+        // ackPromptly nudged after each reply above too; sshd would have disconnected on a bad packet.
+        expect(await get(last)).toMatch(/^HTTP\/1\.1 200/);
+        expect(closed).toBe(false);
+      } finally {
+        for (const c of clients.reverse()) c.end();
+      }
+    });
+  }
+});
