@@ -83,7 +83,8 @@ class StreamHandler implements Http1Handler {
   }
 }
 
-function headerObject(raw: readonly string[]): Record<string, string | string[]> {
+/** Lower-case names; repeated headers joined with ', ' (set-cookie kept as a list). */
+export function headerObject(raw: readonly string[]): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = Object.create(null) as Record<string, string | string[]>;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!.toLowerCase();

@@ -5,7 +5,7 @@
 // takes it.
 
 import { Readable } from 'node:stream';
-import { Http1Error, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
+import { headerObject, Http1Error, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
 import type { ClientAbort, UpstreamResponse } from './forwarders.js';
 
 /** A non-streaming answer up to this size is read whole before the promise resolves. */
@@ -90,19 +90,4 @@ class AnswerHandler implements Http1Handler {
     if (this.#body === null) this.reject(err);
     else if (!this.#body.destroyed) this.#body.destroy(err);
   }
-
-}
-
-/** Lower-case names; repeated headers joined with ', ' (set-cookie kept as a list). */
-function headerObject(raw: readonly string[]): Record<string, string | string[]> {
-  const out = Object.create(null) as Record<string, string | string[]>;
-  for (let i = 0; i < raw.length; i += 2) {
-    const name = raw[i]!.toLowerCase();
-    const value = raw[i + 1]!;
-    const prev = out[name];
-    if (prev === undefined) out[name] = name === 'set-cookie' ? [value] : value;
-    else if (Array.isArray(prev)) prev.push(value);
-    else out[name] = `${prev}, ${value}`;
-  }
-  return out;
 }
