@@ -26,6 +26,8 @@ import { parseRequestHead, type RequestHead } from './request-head.js';
 export const MAX_BUFFERED_BODY = 64 * 1024;
 
 const PREFIX = '/proxy/services/';
+/** A head still incomplete at this size goes to Node's server. */
+const PARTIAL_HEAD_LIMIT = 4 * 1024;
 
 export interface RawServerOptions {
   /** Serve one request (the proxy); must answer through `res`. */
@@ -298,9 +300,10 @@ export class RawConnection {
     const buf = this.#buf;
     const r = parseRequestHead(buf, 0, this.o.maxHeaderSize);
     if (r.kind === 'incomplete') {
-      // A head dripping in slowly goes to Node's server, whose headersTimeout deals with it.
+      // A head dripping in slowly, or a large one in many pieces (each piece re-joins and
+      // re-scans the buffer here), goes to Node's incremental parser and its headersTimeout.
       if (this.#headStarted === -1) this.#headStarted = Date.now();
-      else if (Date.now() - this.#headStarted > this.o.headersTimeoutMs) this.#handover();
+      else if (buf.length > PARTIAL_HEAD_LIMIT || Date.now() - this.#headStarted > this.o.headersTimeoutMs) this.#handover();
       return;
     }
     // Anything our stricter parser refuses, Node's server answers (400, 431…) as it always has.
