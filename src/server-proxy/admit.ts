@@ -36,6 +36,13 @@ export class ServiceIndex {
   }
 }
 
+/** What admit() reads of a request; headers are looked up only when a check needs them. */
+export interface AdmitRequest {
+  readonly headers: IncomingHttpHeaders;
+  /** The declared body length when known without the header object (raw fast path; -1 for none). */
+  readonly contentLength?: number;
+}
+
 export interface AdmitContext {
   index: ServiceIndex;
   authorize: Authorize;
@@ -43,19 +50,19 @@ export interface AdmitContext {
 }
 
 /** Synchronous unless the service uses proxy auth (then the control server may be asked). */
-export function admit(ctx: AdmitContext, t: ProxyTarget, headers: IncomingHttpHeaders, clientIp: string): Admission | Promise<Admission> {
+export function admit(ctx: AdmitContext, t: ProxyTarget, req: AdmitRequest, clientIp: string): Admission | Promise<Admission> {
   const key = `${t.project}/${t.run}`;
   const service = ctx.index.get(key);
   if (!service || service.replicas.length === 0) return { ok: false, status: 404, detail: `Service ${key} not found` };
-  if (!service.auth) return limits(ctx, t, headers, clientIp, service, key);
-  const token = bearerToken(headers.authorization);
+  if (!service.auth) return limits(ctx, t, req, clientIp, service, key);
+  const token = bearerToken(req.headers.authorization);
   if (token === null) return forbidden(service);
   return ctx.authorize(service.project, token).then((decision): Admission => {
     if (decision === 'unavailable') {
       return { ok: false, status: 503, detail: `Cannot verify access to project ${service.project} now; try again` };
     }
     if (decision !== 'allow') return forbidden(service);
-    return limits(ctx, t, headers, clientIp, service, key);
+    return limits(ctx, t, req, clientIp, service, key);
   });
 }
 
@@ -64,8 +71,9 @@ function forbidden(service: Service): Admission {
 }
 
 /** Rate limits (429), then the declared body size (413). */
-function limits(ctx: AdmitContext, t: ProxyTarget, headers: IncomingHttpHeaders, clientIp: string, service: Service, key: string): Admission {
+function limits(ctx: AdmitContext, t: ProxyTarget, req: AdmitRequest, clientIp: string, service: Service, key: string): Admission {
   if (service.rateLimits.length > 0) {
+    const headers = req.headers;
     const allowed = ctx.limiter.allow(key, service.rateLimits, {
       path: t.rest || '/',
       clientIp,
@@ -78,7 +86,7 @@ function limits(ctx: AdmitContext, t: ProxyTarget, headers: IncomingHttpHeaders,
   }
 
   const limit = service.clientMaxBodySize;
-  const length = headers['content-length'];
+  const length = req.contentLength ?? req.headers['content-length'];
   if (limit > 0 && length !== undefined && Number(length) > limit) {
     return { ok: false, status: 413, detail: `Request body is larger than ${limit} bytes` };
   }

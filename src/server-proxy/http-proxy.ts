@@ -14,7 +14,7 @@
 // is retried once on a fresh connection for idempotent requests without a streamed body; a POST,
 // or any request with a body, then fails with 502 rather than risk sending it twice.
 
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { Readable } from 'node:stream';
@@ -25,6 +25,33 @@ import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
 import type { InProcessStats } from './stats.js';
 import { upstreamError, type UpstreamPools } from './upstream.js';
+
+/** What the proxy reads of a request: Node's IncomingMessage, or one read by the raw fast path (raw/connection.ts). */
+export interface ProxyRequest {
+  readonly url?: string | undefined;
+  readonly method?: string | undefined;
+  readonly headers: IncomingHttpHeaders;
+  readonly rawHeaders: string[];
+  readonly readableEnded: boolean;
+  /** The whole body, already read (raw fast path); absent on an IncomingMessage, which is the body stream. */
+  readonly bufferedBody?: Buffer;
+  /** The declared Content-Length, -1 for none (raw fast path); else read from the headers. */
+  readonly contentLength?: number;
+}
+
+/** What the proxy does with a response: Node's ServerResponse, or the raw fast path's. */
+export interface ProxyResponse {
+  readonly headersSent: boolean;
+  readonly destroyed: boolean;
+  readonly writableFinished: boolean;
+  writeHead(status: number, reason: string, headers: string[]): unknown;
+  writeHead(status: number, headers: Record<string, string | number>): unknown;
+  write(chunk: Buffer): boolean;
+  end(chunk?: Buffer | string): unknown;
+  destroy(): unknown;
+  on(event: 'close', listener: () => void): unknown;
+  once(event: 'drain', listener: () => void): unknown;
+}
 
 export interface HttpProxyContext extends AdmitContext {
   pools: UpstreamPools;
@@ -41,13 +68,13 @@ export class BodyTooLargeError extends Error {
   }
 }
 
-export function hasBody(req: IncomingMessage): boolean {
+export function hasBody(req: ProxyRequest): boolean {
   const cl = req.headers['content-length'];
   return req.headers['transfer-encoding'] !== undefined || (cl !== undefined && cl !== '0');
 }
 
 /** A JSON `{detail}` answer. An unread request body is not drained: the connection closes. */
-export function sendDetail(req: IncomingMessage, res: ServerResponse, status: number, detail: string, extra: Record<string, string> = {}): void {
+export function sendDetail(req: ProxyRequest, res: ProxyResponse, status: number, detail: string, extra: Record<string, string> = {}): void {
   if (res.headersSent) {
     res.destroy();
     return;
@@ -69,7 +96,7 @@ async function* limited(body: Readable, limit: number): AsyncGenerator<Buffer> {
 }
 
 /** Proxy one request; never throws (failures become a JSON answer or a cut connection). */
-export function proxyHttp(ctx: HttpProxyContext, req: IncomingMessage, res: ServerResponse, clientIp: string, proto: string): void {
+export function proxyHttp(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyResponse, clientIp: string, proto: string): void {
   const started = performance.now();
   const t = parseProxyTarget(req.url ?? '/');
   if (!t) return sendDetail(req, res, 404, 'Not Found');
@@ -83,7 +110,7 @@ export function proxyHttp(ctx: HttpProxyContext, req: IncomingMessage, res: Serv
   }
 
   // 1. Admission: service, auth, rate limit, declared body size (async only for proxy auth).
-  const a = admit(ctx, t, req.headers, clientIp);
+  const a = admit(ctx, t, req, clientIp);
   if (a instanceof Promise) {
     a.then(
       (r) => relay(ctx, req, res, clientIp, proto, t, r, started),
@@ -95,7 +122,7 @@ export function proxyHttp(ctx: HttpProxyContext, req: IncomingMessage, res: Serv
   } else relay(ctx, req, res, clientIp, proto, t, a, started);
 }
 
-function relay(ctx: HttpProxyContext, req: IncomingMessage, res: ServerResponse, clientIp: string, proto: string, t: ProxyTarget, a: Admission, started: number): void {
+function relay(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyResponse, clientIp: string, proto: string, t: ProxyTarget, a: Admission, started: number): void {
   if (!a.ok) return sendDetail(req, res, a.status, a.detail, a.headers);
   const { service, key } = a;
   if (res.destroyed) return; // the client left while auth was asked
@@ -103,8 +130,12 @@ function relay(ctx: HttpProxyContext, req: IncomingMessage, res: ServerResponse,
   // 2. The upstream request.
   const headers = upstreamRequestHeaders(req.rawHeaders, { clientIp, proto, dropAuthorization: service.auth });
   const limit = service.clientMaxBodySize;
-  let body: Readable | null = null;
-  if (hasBody(req)) body = limit > 0 && req.headers['content-length'] === undefined ? Readable.from(limited(req, limit), { objectMode: false }) : req;
+  let body: Readable | Buffer | null = null;
+  if (req.bufferedBody !== undefined) body = req.bufferedBody.length > 0 ? req.bufferedBody : null;
+  else if (hasBody(req)) {
+    const stream = req as IncomingMessage; // no bufferedBody: Node's request, the body stream itself
+    body = limit > 0 && req.headers['content-length'] === undefined ? Readable.from(limited(stream, limit), { objectMode: false }) : stream;
+  }
 
   // 3. Relay: headers and body as they come.
   const handler = new RelayHandler(ctx, req, res, key, started);
@@ -129,8 +160,8 @@ class RelayHandler implements Http1Handler {
 
   constructor(
     private readonly ctx: HttpProxyContext,
-    private readonly req: IncomingMessage,
-    private readonly res: ServerResponse,
+    private readonly req: ProxyRequest,
+    private readonly res: ProxyResponse,
     private readonly key: string,
     private readonly started: number,
   ) {}

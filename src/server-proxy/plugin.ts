@@ -11,8 +11,9 @@
 // servers where the fast path is off; both run the same proxyHttp.
 
 import type { FastifyInstance, FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
-import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { maxHeaderSize as defaultMaxHeaderSize, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import { Server as TlsServer } from 'node:tls';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { ProxyState, Service } from '../spec/types.js';
@@ -21,6 +22,7 @@ import { ServiceIndex, type Authorize } from './admit.js';
 import { plainIp } from './headers.js';
 import { proxyHttp, sendDetail, type HttpProxyContext } from './http-proxy.js';
 import { SERVICES_PREFIX } from './paths.js';
+import { RawConnection, type RawRequest, type RawResponse } from './raw/connection.js';
 import { RateLimiter } from './rate-limit.js';
 import { createInProcessStats, type InProcessStats } from './stats.js';
 import { DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_READ_TIMEOUT_MS, UpstreamPools, type ConnectFn } from './upstream.js';
@@ -115,7 +117,7 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
   );
 
   let closing = false;
-  if (o.fastPath !== false) installFastPath(app, ctx, () => closing, o.logger);
+  const raw = o.fastPath !== false ? installFastPath(app, ctx, () => closing, o.logger) : null;
 
   // Upgraded sockets leave the HTTP server's bookkeeping: closed here at shutdown.
   const upgraded = new Set<Duplex>();
@@ -130,6 +132,7 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
   app.server.on('upgrade', onUpgrade);
   app.addHook('preClose', async () => {
     closing = true; // fastify answers 503 while closing; the fast path hands over to it
+    if (raw) for (const c of [...raw]) c.drain();
     app.server.off('upgrade', onUpgrade);
     for (const s of upgraded) s.destroy();
   });
@@ -142,24 +145,69 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
 const FAST_PREFIX = `${SERVICES_PREFIX}/`;
 
 /**
- * Put the proxy in front of fastify's 'request' listener for /proxy/services/ URLs. Skipped
- * (the fastify routes serve) unless the server is HTTP/1 with exactly fastify's listener and
- * no trustProxy (req.ip and req.protocol would then come from X-Forwarded-*).
+ * Put the proxy in front of Node's HTTP handling for /proxy/services/ requests, on a plain
+ * HTTP/1 server with fastify as its only listener and no trustProxy (req.ip and req.protocol
+ * would then come from X-Forwarded-*); otherwise the fastify routes serve. Two layers:
+ * - connections start on the raw path (raw/connection.ts), which serves simple proxied requests
+ *   itself and hands everything else to Node's server;
+ * - on Node's server, the 'request' listener proxies /proxy/services/ before fastify routes.
+ * Returns the raw connections open now (closed at shutdown), or null when the fast path is off.
  */
-function installFastPath(app: FastifyInstance, ctx: HttpProxyContext, closing: () => boolean, logger: Logger | undefined): void {
+function installFastPath(app: FastifyInstance, ctx: HttpProxyContext, closing: () => boolean, logger: Logger | undefined): Set<RawConnection> | null {
   const config = app.initialConfig as { http2?: boolean; trustProxy?: unknown };
   const server = app.server as unknown as Server;
-  if (config.http2 || config.trustProxy || server.listenerCount('request') !== 1) return;
+  if (config.http2 || config.trustProxy || server.listenerCount('request') !== 1) return null;
   const fastify = server.listeners('request')[0] as (req: IncomingMessage, res: ServerResponse) => void;
-  server.removeListener('request', fastify);
-  server.on('request', function onRequest(this: Server, req: IncomingMessage, res: ServerResponse): void {
-    if (!req.url?.startsWith(FAST_PREFIX) || closing()) return fastify.call(this, req, res);
-    const socket = req.socket as Socket & { encrypted?: boolean };
+  const serve = (req: Parameters<typeof proxyHttp>[1], res: Parameters<typeof proxyHttp>[2], clientIp: string, proto: string): void => {
     try {
-      proxyHttp(ctx, req, res, plainIp(socket.remoteAddress), socket.encrypted ? 'https' : 'http');
+      proxyHttp(ctx, req, res, clientIp, proto);
     } catch (err) {
       logger?.error({ err }, 'server proxy failed');
       sendDetail(req, res, 500, 'Internal Server Error');
     }
+  };
+  server.removeListener('request', fastify);
+  server.on('request', function onRequest(this: Server, req: IncomingMessage, res: ServerResponse): void {
+    if (!req.url?.startsWith(FAST_PREFIX) || closing()) return fastify.call(this, req, res);
+    const socket = req.socket as Socket & { encrypted?: boolean };
+    serve(req, res, plainIp(socket.remoteAddress), socket.encrypted ? 'https' : 'http');
   });
+
+  const open = new Set<RawConnection>();
+  // TLS servers hand Node's listener TLS sockets on 'secureConnection': the raw path is for plain TCP only.
+  if (server instanceof TlsServer || server.listenerCount('connection') !== 1) return open;
+  const node = server.listeners('connection')[0] as (socket: Socket) => void;
+  server.removeListener('connection', node);
+  const options = {
+    serve: (req: RawRequest, res: RawResponse, clientIp: string) => serve(req, res, clientIp, 'http'),
+    handover(socket: Socket, pending: Buffer | null): void {
+      // Node's server reads through 'data' events when the handle is marked consumed (as for a
+      // socket someone read before): the bytes put back with unshift then come first, in order.
+      const handle = (socket as Socket & { _handle?: { _consumed?: boolean } | null })._handle;
+      if (handle) handle._consumed = true;
+      node.call(server, socket);
+      if (pending !== null) socket.unshift(pending);
+    },
+    closing,
+    get keepAliveTimeoutMs(): number {
+      return server.keepAliveTimeout > 0 ? server.keepAliveTimeout : 5_000;
+    },
+    get headersTimeoutMs(): number {
+      return server.headersTimeout > 0 ? server.headersTimeout : 60_000;
+    },
+    get maxHeaderSize(): number {
+      return (server as Server & { maxHeaderSize?: number }).maxHeaderSize ?? defaultMaxHeaderSize;
+    },
+  };
+  const gone = (c: RawConnection): void => void open.delete(c);
+  const sweeper = setInterval(() => {
+    const now = Date.now();
+    for (const c of open) c.sweep(now);
+  }, 1_000).unref();
+  server.once('close', () => clearInterval(sweeper));
+  server.on('connection', function onConnection(this: Server, socket: Socket): void {
+    if (closing()) return node.call(this, socket);
+    open.add(new RawConnection(socket, options, gone));
+  });
+  return open;
 }

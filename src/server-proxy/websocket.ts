@@ -48,7 +48,7 @@ export function handleUpgrade(ctx: UpgradeContext, req: IncomingMessage, socket:
       const host = req.headers.host;
       return rawReply(socket, 308, { Location: `${host ? `${proto}://${host}` : ''}${t.path}/${t.query}` });
     }
-    const a = await admit(ctx, t, req.headers, clientIp);
+    const a = await admit(ctx, t, req, clientIp);
     if (!a.ok) return rawDetail(socket, a.status, a.detail);
     let up: Duplex;
     try {
