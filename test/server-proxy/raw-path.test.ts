@@ -102,6 +102,14 @@ describe('in-server proxy raw fast path', () => {
           setTimeout(() => res.end('second'), 20);
           return;
         }
+        if (req.url === '/cut' || req.url === '/head-only') {
+          // The replica dies after promising 100 bytes: with 10 of them, or with none.
+          res.writeHead(200, { 'content-length': 100 });
+          if (req.url === '/cut') res.write('0123456789');
+          else res.flushHeaders();
+          setTimeout(() => res.socket?.destroy(), 20);
+          return;
+        }
         if (req.url === '/empty') {
           res.writeHead(204).end();
           return;
@@ -214,6 +222,19 @@ describe('in-server proxy raw fast path', () => {
     const next = (await c.responses(4, new Set([2])))[3]!;
     expect(JSON.parse(next.body)).toMatchObject({ url: '/next' }); // nothing stray after HEAD or 204
     c.socket.destroy();
+  });
+
+  it.each(['/cut', '/head-only'])('cuts the client off when the replica dies mid-response (%s)', async (path) => {
+    const c = new Conn(port);
+    c.send(get(`/proxy/services/p/r${path}`));
+    expect(await c.closed()).toBe(true);
+    // The head waits for the first body bytes (as with Node's ServerResponse): with none, nothing is sent.
+    if (path === '/cut') expect(c.text).toMatch(/^HTTP\/1\.1 200 OK\r\n[^]*\r\n\r\n0123456789$/);
+    else expect(c.text).toBe('');
+    const again = new Conn(port);
+    again.send(get('/proxy/services/p/r/alive'));
+    expect(JSON.parse((await again.responses(1))[0]!.body)).toMatchObject({ url: '/alive' });
+    again.socket.destroy();
   });
 
   it('closes after answering Connection: close', async () => {

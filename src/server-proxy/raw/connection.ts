@@ -90,6 +90,7 @@ const JOIN_LIMIT = 16 * 1024;
 
 /** The response to one RawRequest, with the members the proxy uses of a ServerResponse. */
 export class RawResponse implements ProxyResponse {
+  /** True once writeHead ran (as Node's: the head may still wait for the first body bytes). */
   headersSent = false;
   destroyed = false;
   writableFinished = false;
@@ -112,7 +113,8 @@ export class RawResponse implements ProxyResponse {
   writeHead(status: number, reason: string, headers: string[]): this;
   writeHead(status: number, headers: Record<string, string | number>): this;
   writeHead(status: number, a: string | Record<string, string | number>, b?: string[]): this {
-    if (this.#head !== null || this.headersSent) throw new Error('writeHead called twice');
+    if (this.headersSent) throw new Error('writeHead called twice');
+    this.headersSent = true;
     let head = `HTTP/1.1 ${status} ${typeof a === 'string' ? a : (STATUS_CODES[status] ?? 'Unknown')}\r\n`;
     let length = false;
     const add = (name: string, value: string): void => {
@@ -161,7 +163,7 @@ export class RawResponse implements ProxyResponse {
 
   end(chunk?: Buffer | string): this {
     if (this.destroyed || this.writableFinished) return this;
-    if (this.#head === null && !this.headersSent) this.writeHead(200, {});
+    if (!this.headersSent) this.writeHead(200, {});
     if (chunk !== undefined && chunk.length > 0) this.write(typeof chunk === 'string' ? Buffer.from(chunk) : chunk);
     const head = this.#takeHead();
     const tail = this.#chunked && this.#hasBody ? '0\r\n\r\n' : '';
@@ -201,7 +203,6 @@ export class RawResponse implements ProxyResponse {
     const head = this.#head;
     if (head === null) return '';
     this.#head = null;
-    this.headersSent = true;
     return head;
   }
 
