@@ -1,8 +1,15 @@
 // `npm run bench`: the performance table, printed and written to bench/results.json.
 // Rows that need a daemon (Nginx, sshd) start it on 127.0.0.1 like the tests do.
+// Each section runs in a process of its own: code shared between sections (the HTTP/1.1 client,
+// the stores) is otherwise measured with the JIT and heap state an earlier section left behind
+// (the in-server proxy rows moved by a third after the model API section in the same process).
 
-import { writeFileSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import os from 'node:os';
+import { join } from 'node:path';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
 import { serverProxyRows } from './server-proxy.js';
@@ -22,13 +29,40 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'server-proxy', run: serverProxyRows },
 ];
 
+const SECTION_FLAG = '--section';
+
+/** One section in a fresh Node process; its rows come back as JSON in a file (stdout is the section's own). */
+async function runIsolated(name: string): Promise<Row[]> {
+  const dir = mkdtempSync(join(os.tmpdir(), 'dp-bench-rows-'));
+  try {
+    const out = join(dir, 'rows.json');
+    const child = promisify(execFile)(process.execPath, [fileURLToPath(import.meta.url), SECTION_FLAG, name, out], {
+      maxBuffer: 64 * 1024 * 1024,
+      timeout: 30 * 60_000,
+    });
+    child.child.stderr?.pipe(process.stderr);
+    await child;
+    return JSON.parse(readFileSync(out, 'utf8')) as Row[];
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 async function main(): Promise<void> {
-  const only = process.argv.slice(2);
+  const args = process.argv.slice(2);
+  if (args[0] === SECTION_FLAG) {
+    const section = SECTIONS.find((s) => s.name === args[1]);
+    if (!section) throw new Error(`no bench section ${args[1]}`);
+    writeFileSync(args[2] ?? '/dev/stdout', JSON.stringify(await section.run()));
+    return;
+  }
+  const unknown = args.filter((a) => !SECTIONS.some((s) => s.name === a));
+  if (unknown.length > 0) throw new Error(`unknown bench section(s): ${unknown.join(', ')}; known: ${SECTIONS.map((s) => s.name).join(' ')}`);
   const rows: Row[] = [];
   for (const section of SECTIONS) {
-    if (only.length > 0 && !only.includes(section.name)) continue;
+    if (args.length > 0 && !args.includes(section.name)) continue;
     process.stderr.write(`bench: ${section.name}…\n`);
-    rows.push(...(await section.run()));
+    rows.push(...(await runIsolated(section.name)));
   }
   const table = renderTable(rows);
   process.stdout.write(`${table}\n`);

@@ -1,5 +1,5 @@
-// P6: the in-server proxy (fastify + undici over the balancer's connect()) vs Nginx proxy_pass
-// to the same replica, wrk -t1 -c16 -d5s, alternating rounds, median of 3, measured in one run:
+// P6: the in-server proxy (its raw fast path, src/http1 over the balancer's connect()) vs Nginx proxy_pass
+// to the same replica, wrk -t1 -c16 -d5s, alternating rounds, median of 5, measured in one run:
 // a direct replica (Nginx → TCP with upstream keepalive) and an SSH replica (Nginx → the same
 // SSH loop's balancer socket → ssh2). P6c: the proxy's RSS during a 1 GiB chunked upload.
 // The backend is a separate Node process; the proxy runs in this process.
@@ -19,6 +19,8 @@ import { runWrk, type WrkResult } from './wrk.js';
 
 const run = promisify(execFile);
 const GiB = 1024 * 1024 * 1024;
+/** Alternating rounds per pair; the median is reported (wrk, the replica and the proxy share two cores: single runs vary by ±20 %). */
+const ROUNDS = 5;
 
 const BACKEND = `
 const http = require('node:http');
@@ -103,7 +105,7 @@ server { listen 127.0.0.1:${nginxSsh}; location / { proxy_pass http://sp_ssh; pr
       const bs: Wrk[] = [];
       await wrk(oursUrl); // warm-up: JIT and pooled connections, not measured
       await wrk(nginxUrl);
-      for (let i = 0; i < 3; i++) {
+      for (let i = 0; i < ROUNDS; i++) {
         as.push(await wrk(oursUrl));
         bs.push(await wrk(nginxUrl));
       }
