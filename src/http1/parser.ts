@@ -5,6 +5,8 @@
 // ServerResponse a header it would throw on: any doubt is a ResponseParseError, and the caller
 // closes the connection. Body pieces are subarrays of the input (no copy).
 
+import { fieldValue, sameLower } from './field.js';
+
 export const DEFAULT_MAX_HEADER_SIZE = 64 * 1024; // 64 KiB: status line + headers, and trailers
 
 /** The replica's bytes are not an HTTP/1.x response we can relay. */
@@ -241,29 +243,25 @@ export class ResponseParser {
     for (let p = eol + 2; p < text.length; ) {
       const e = text.indexOf('\r\n', p);
       const colon = text.indexOf(':', p);
-      let vs = colon + 1;
-      let ve = e;
-      while (vs < ve && isOws(text.charCodeAt(vs))) vs++;
-      while (ve > vs && isOws(text.charCodeAt(ve - 1))) ve--;
       const name = text.slice(p, colon);
-      const value = text.slice(vs, ve);
+      const value = fieldValue(text, colon, e);
       headers.push(name, value);
       p = e + 2;
       // Only the framing headers are looked at, compared without lower-casing (no string made).
       const len = name.length;
-      if (len === 14 && sameLower(name, 'content-length')) {
+      if (len === 14 && sameLower(name, 0, 'content-length')) {
         if (!DIGITS.test(value)) return new ResponseParseError('invalid Content-Length');
         const v = Number(value);
         if (length !== -1 && length !== v) return new ResponseParseError('conflicting Content-Length headers');
         length = v;
-      } else if (len === 17 && sameLower(name, 'transfer-encoding')) {
+      } else if (len === 17 && sameLower(name, 0, 'transfer-encoding')) {
         te = true;
         const lastComma = value.lastIndexOf(',');
         chunked = (lastComma === -1 ? value : value.slice(lastComma + 1)).trim().toLowerCase() === 'chunked';
-      } else if (len === 10 && sameLower(name, 'connection')) {
-        if (value.length === 10 && sameLower(value, 'keep-alive')) {
+      } else if (len === 10 && sameLower(name, 0, 'connection')) {
+        if (value.length === 10 && sameLower(value, 0, 'keep-alive')) {
           if (minor === 0) close = false;
-        } else if (value.length === 5 && sameLower(value, 'close')) close = true;
+        } else if (value.length === 5 && sameLower(value, 0, 'close')) close = true;
         else {
           for (const token of value.toLowerCase().split(',')) {
             const t = token.trim();
@@ -388,15 +386,6 @@ export class ResponseParser {
   }
 }
 
-/** `s` equals `lower` (lower-case letters, digits and '-') ignoring ASCII case; same length assumed. */
-function sameLower(s: string, lower: string): boolean {
-  for (let i = 0; i < lower.length; i++) if ((s.charCodeAt(i) | 0x20) !== lower.charCodeAt(i)) return false;
-  return true;
-}
-
-function isOws(c: number): boolean {
-  return c === 0x20 || c === 0x09;
-}
 
 function hexValue(c: number): number {
   if (c >= 0x30 && c <= 0x39) return c - 0x30;

@@ -6,6 +6,8 @@
 // doubt is an error carrying the status to answer with. One pass over one latin1 string; nothing
 // past the head's CRLFCRLF (a body, a pipelined request) is read.
 
+import { fieldValue, isOws, sameLower } from '../../http1/field.js';
+
 /** A complete, valid request head. */
 export interface RequestHead {
   method: string; // as sent (a token)
@@ -87,12 +89,8 @@ export function parseRequestHead(buf: Buffer, from: number, maxSize: number): He
     if (++lines > MAX_HEADER_LINES) return fail(431, 'too many header lines');
     const e = text.indexOf('\r\n', p);
     const colon = text.indexOf(':', p);
-    let vs = colon + 1;
-    let ve = e;
-    while (vs < ve && isOws(text.charCodeAt(vs))) vs++;
-    while (ve > vs && isOws(text.charCodeAt(ve - 1))) ve--;
     const name = text.slice(p, colon);
-    const value = text.slice(vs, ve);
+    const value = fieldValue(text, colon, e);
     rawHeaders.push(name, value);
     p = e + 2;
     // Only the headers that decide framing and routing are looked at, by length first.
@@ -174,18 +172,4 @@ function isToken(s: string, start: number, end: number, lower: string): boolean 
   while (start < end && isOws(s.charCodeAt(start))) start++;
   while (end > start && isOws(s.charCodeAt(end - 1))) end--;
   return end - start === lower.length && sameLower(s, start, lower);
-}
-
-/**
- * `s` from `at` equals `lower` (lower-case letters and '-') ignoring ASCII case; the length is
- * checked by the caller. `| 0x20` maps only A–Z onto a–z here: CR, the only other byte that would
- * become '-', never reaches a name or a value.
- */
-function sameLower(s: string, at: number, lower: string): boolean {
-  for (let i = 0; i < lower.length; i++) if ((s.charCodeAt(at + i) | 0x20) !== lower.charCodeAt(i)) return false;
-  return true;
-}
-
-function isOws(c: number): boolean {
-  return c === 0x20 || c === 0x09;
 }
