@@ -170,6 +170,17 @@ describe('in-server proxy raw fast path', () => {
     c.socket.destroy();
   });
 
+  it('answers thousands of pipelined requests answered synchronously (404), reading paused and resumed', async () => {
+    const c = new Conn(port);
+    const n = 3000; // ~130 KB: more than the raw path buffers before it pauses reading
+    c.send(get('/proxy/services/p/none/x').repeat(n));
+    const rs = await c.responses(n);
+    expect(rs.every((r) => r.status === 404 && r.body === '{"detail":"Service p/none not found"}')).toBe(true);
+    c.send(get('/proxy/services/p/r/after-many'));
+    expect(JSON.parse((await c.responses(n + 1))[n]!.body)).toMatchObject({ url: '/after-many' });
+    c.socket.destroy();
+  });
+
   it('hands the connection to Node mid-way for another route, and keeps proxying there', async () => {
     const c = new Conn(port);
     c.send(get('/proxy/services/p/r/before'));

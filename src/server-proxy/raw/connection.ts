@@ -233,6 +233,9 @@ export class RawConnection {
   readonly #onEnd = (): void => this.#ended();
   readonly #onError = (): void => undefined; // 'close' follows
   readonly #onClose = (): void => this.#closed();
+  readonly #onPipelined = (): void => {
+    if (!this.#gone && this.#res === null && this.#buf.length > 0) this.#next();
+  };
 
   constructor(
     readonly socket: Socket,
@@ -247,11 +250,6 @@ export class RawConnection {
     socket.on('end', this.#onEnd);
     socket.on('error', this.#onError);
     socket.on('close', this.#onClose);
-  }
-
-  /** Nothing in flight and nothing half-read. */
-  get idle(): boolean {
-    return this.#res === null && this.#buf.length === 0;
   }
 
   /**
@@ -283,7 +281,9 @@ export class RawConnection {
       return;
     }
     if (this.socket.isPaused()) this.socket.resume();
-    if (this.#buf.length > 0) this.#next();
+    // Pipelined requests: the next one on a later tick, so answers given synchronously (404, 429…)
+    // do not recurse once per request waiting in the buffer.
+    if (this.#buf.length > 0) process.nextTick(this.#onPipelined);
   }
 
   #data(chunk: Buffer): void {
