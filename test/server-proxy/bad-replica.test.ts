@@ -3,19 +3,15 @@
 // connection the replica closed as a request arrived is retried once for idempotent requests.
 
 import { createServer, type Server, type Socket } from 'node:net';
-import { connect as netConnect } from 'node:net';
 import { request as httpRequest } from 'node:http';
-import { fastify } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { registerServerProxy } from '../../src/server-proxy/plugin.js';
-import { emptyState, type ProxyState } from '../../src/spec/types.js';
+import { startPluginApp, type PluginApp } from './harness.js';
 
 /** What the replica does with the n-th request on a connection (0-based). */
 let script: (socket: Socket, nth: number, head: string) => void;
 let replica: Server;
-let app: ReturnType<typeof fastify>;
+let proxy: PluginApp;
 let port: number;
-let connects = 0;
 
 interface Answer {
   status: number;
@@ -55,29 +51,12 @@ beforeAll(async () => {
     });
   });
   await new Promise<void>((r) => replica.listen(0, '127.0.0.1', r));
-  const replicaPort = (replica.address() as { port: number }).port;
-  const state: ProxyState = emptyState();
-  state.spec.services.push({
-    project: 'p', run: 'r', id: 'x', https: false, auth: false, stripPrefix: true, clientMaxBodySize: 0, rateLimits: [],
-    replicas: [{ id: 'a', appPort: replicaPort, direct: { host: '127.0.0.1', port: replicaPort } }],
-  } as ProxyState['spec']['services'][number]);
-  app = fastify();
-  await registerServerProxy(app, {
-    getState: () => state,
-    connect: async () => {
-      connects++;
-      const s = netConnect(replicaPort, '127.0.0.1');
-      await new Promise((resolve, reject) => s.once('connect', resolve).once('error', reject));
-      return s;
-    },
-    authorize: async () => 'allow',
-  });
-  await app.listen({ host: '127.0.0.1', port: 0 });
-  port = (app.server.address() as { port: number }).port;
+  proxy = await startPluginApp((replica.address() as { port: number }).port, { clientMaxBodySize: 0 });
+  port = proxy.port;
 });
 
 afterAll(async () => {
-  await app?.close();
+  await proxy?.app.close();
   await new Promise((r) => replica?.close(r));
 });
 
@@ -96,9 +75,9 @@ describe('a misbehaving replica', () => {
     expect(r.status).toBe(502);
     expect(JSON.parse(r.body)).toEqual({ detail: 'Error requesting upstream' });
     bad = false;
-    const before = connects;
+    const before = proxy.connects();
     expect((await get('/y')).body).toBe('ok');
-    expect(connects - before).toBe(1); // the connection that answered badly was closed
+    expect(proxy.connects() - before).toBe(1); // the connection that answered badly was closed
   });
 
   it.each([
@@ -119,9 +98,9 @@ describe('a misbehaving replica', () => {
       if (nth === 0) socket.write(OK);
       else socket.destroy(); // closed by the replica as the request arrived
     };
-    const before = connects;
+    const before = proxy.connects();
     expect((await get('/again')).body).toBe('ok');
-    expect(connects - before).toBe(1);
+    expect(proxy.connects() - before).toBe(1);
     const post = await get('/post', 'POST', 'payload');
     expect(post.status).toBe(502);
   });

@@ -1,10 +1,14 @@
 // The standalone server proxy in-process (the same startServerProxy the CLI runs) over a
 // SQLite file in a scratch directory, plus a raw HTTP client that sends exactly what it is given.
 
+import { fastify, type FastifyInstance } from 'fastify';
 import { request as httpRequest, type Agent, type IncomingHttpHeaders } from 'node:http';
+import { connect as netConnect } from 'node:net';
 import { Readable } from 'node:stream';
 import { pino } from 'pino';
+import { registerServerProxy } from '../../src/server-proxy/plugin.js';
 import { startServerProxy, type RunningServerProxy, type ServerProxyDeps, type ServerProxyServerOptions } from '../../src/server-proxy/server.js';
+import { emptyState, type ProxyState, type Service } from '../../src/spec/types.js';
 import { eventually } from '../helpers/nginx.js';
 import { tmpDir } from '../helpers/tmp.js';
 
@@ -114,4 +118,40 @@ export function zeros(total: number): Readable {
       this.push(n === chunkSize ? chunk : chunk.subarray(0, n));
     },
   });
+}
+
+export interface PluginApp {
+  app: FastifyInstance;
+  port: number;
+  /** Connections opened to the replica so far. */
+  connects(): number;
+}
+
+/**
+ * registerServerProxy on a bare fastify app (which also has GET /other → {fastify: true}),
+ * listening on 127.0.0.1, whose service p/r is one direct replica on `replicaPort` reached over
+ * TCP; connections to it are counted.
+ */
+export async function startPluginApp(replicaPort: number, o: { clientMaxBodySize: number; fastPath?: boolean }): Promise<PluginApp> {
+  const state: ProxyState = emptyState();
+  state.spec.services.push({
+    project: 'p', run: 'r', https: false, auth: false, stripPrefix: true, clientMaxBodySize: o.clientMaxBodySize, rateLimits: [],
+    replicas: [{ id: 'a', appPort: replicaPort, direct: { host: '127.0.0.1', port: replicaPort } }],
+  } as unknown as Service);
+  let connects = 0;
+  const app = fastify();
+  app.get('/other', async () => ({ fastify: true }));
+  await registerServerProxy(app, {
+    getState: () => state,
+    connect: async () => {
+      connects++;
+      const s = netConnect(replicaPort, '127.0.0.1');
+      await new Promise((resolve, reject) => s.once('connect', resolve).once('error', reject));
+      return s;
+    },
+    authorize: async () => 'allow',
+    ...(o.fastPath === undefined ? {} : { fastPath: o.fastPath }),
+  });
+  await app.listen({ host: '127.0.0.1', port: 0 });
+  return { app, port: (app.server.address() as { port: number }).port, connects: () => connects };
 }

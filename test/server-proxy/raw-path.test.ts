@@ -5,11 +5,12 @@
 
 import { createServer, type Server } from 'node:http';
 import { connect as netConnect, type Socket } from 'node:net';
-import { fastify, type FastifyInstance } from 'fastify';
+import { fastify } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { registerServerProxy } from '../../src/server-proxy/plugin.js';
-import { emptyState, type ProxyState } from '../../src/spec/types.js';
+import { emptyState } from '../../src/spec/types.js';
 import { close } from '../helpers/http.js';
+import { startPluginApp, type PluginApp } from './harness.js';
 
 interface Resp {
   status: number;
@@ -87,9 +88,8 @@ const get = (path: string, extra = ''): string => `GET ${path} HTTP/1.1\r\nHost:
 
 describe('in-server proxy raw fast path', () => {
   let replica: Server;
-  let app: FastifyInstance;
+  let proxy: PluginApp;
   let port: number;
-  let connects = 0;
 
   beforeAll(async () => {
     // A replica that echoes method, url and body; /chunked answers without a length, /empty 204.
@@ -119,34 +119,16 @@ describe('in-server proxy raw fast path', () => {
       });
     });
     await new Promise<void>((resolve) => replica.listen(0, '127.0.0.1', resolve));
-    const replicaPort = (replica.address() as { port: number }).port;
-    const state: ProxyState = emptyState();
-    state.spec.services.push({
-      project: 'p', run: 'r', https: false, auth: false, stripPrefix: true, clientMaxBodySize: 1 << 20, rateLimits: [],
-      replicas: [{ id: 'a', appPort: replicaPort, direct: { host: '127.0.0.1', port: replicaPort } }],
-    } as unknown as ProxyState['spec']['services'][number]);
-    app = fastify();
-    app.get('/other', async () => ({ fastify: true }));
-    await registerServerProxy(app, {
-      getState: () => state,
-      connect: async () => {
-        connects++;
-        const s = netConnect(replicaPort, '127.0.0.1');
-        await new Promise((resolve, reject) => s.once('connect', resolve).once('error', reject));
-        return s;
-      },
-      authorize: async () => 'allow',
-    });
-    await app.listen({ host: '127.0.0.1', port: 0 });
-    port = (app.server.address() as { port: number }).port;
+    proxy = await startPluginApp((replica.address() as { port: number }).port, { clientMaxBodySize: 1 << 20 });
+    port = proxy.port;
   });
   afterAll(async () => {
-    await app.close();
+    await proxy.app.close();
     await close(replica);
   });
 
   it('serves keep-alive requests on one connection, with our Date and keep-alive headers', async () => {
-    const before = connects;
+    const before = proxy.connects();
     const c = new Conn(port);
     for (let i = 0; i < 3; i++) {
       c.send(get(`/proxy/services/p/r/k/${i}?x=1`));
@@ -158,7 +140,7 @@ describe('in-server proxy raw fast path', () => {
       expect(r.headers.date).toBe(new Date(Date.parse(r.headers.date!)).toUTCString());
       expect(r.headers.server).toBeUndefined();
     }
-    expect(connects - before).toBeLessThanOrEqual(1); // the upstream connection is reused
+    expect(proxy.connects() - before).toBeLessThanOrEqual(1); // the upstream connection is reused
     c.socket.destroy();
   });
 
