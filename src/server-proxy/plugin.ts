@@ -20,9 +20,9 @@ import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { ServiceIndex, type Authorize } from './admit.js';
 import { plainIp } from './headers.js';
-import { proxyHttp, sendDetail, type HttpProxyContext } from './http-proxy.js';
+import { proxyHttp, sendDetail, type HttpProxyContext, type ProxyRequest, type ProxyResponse } from './http-proxy.js';
 import { SERVICES_PREFIX } from './paths.js';
-import { RawConnection, type RawRequest, type RawResponse } from './raw/connection.js';
+import { RawConnection } from './raw/connection.js';
 import { RateLimiter } from './rate-limit.js';
 import { createInProcessStats, type InProcessStats } from './stats.js';
 import { DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_READ_TIMEOUT_MS, UpstreamPools, type ConnectFn } from './upstream.js';
@@ -158,7 +158,7 @@ function installFastPath(app: FastifyInstance, ctx: HttpProxyContext, closing: (
   const server = app.server as unknown as Server;
   if (config.http2 || config.trustProxy || server.listenerCount('request') !== 1) return null;
   const fastify = server.listeners('request')[0] as (req: IncomingMessage, res: ServerResponse) => void;
-  const serve = (req: Parameters<typeof proxyHttp>[1], res: Parameters<typeof proxyHttp>[2], clientIp: string, proto: string): void => {
+  const serve = (req: ProxyRequest, res: ProxyResponse, clientIp: string, proto: string): void => {
     try {
       proxyHttp(ctx, req, res, clientIp, proto);
     } catch (err) {
@@ -179,7 +179,7 @@ function installFastPath(app: FastifyInstance, ctx: HttpProxyContext, closing: (
   const node = server.listeners('connection')[0] as (socket: Socket) => void;
   server.removeListener('connection', node);
   const options = {
-    serve: (req: RawRequest, res: RawResponse, clientIp: string) => serve(req, res, clientIp, 'http'),
+    serve: (req: ProxyRequest, res: ProxyResponse, clientIp: string) => serve(req, res, clientIp, 'http'),
     handover(socket: Socket, pending: Buffer | null): void {
       // Node's server reads through 'data' events when the handle is marked consumed (as for a
       // socket someone read before): the bytes put back with unshift then come first, in order.

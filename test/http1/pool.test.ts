@@ -4,10 +4,11 @@
 
 import { createHash } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { connect as netConnect, createServer as createNetServer, type Server as NetServer, type Socket } from 'node:net';
+import { connect as netConnect, type Server as NetServer, type Socket } from 'node:net';
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Http1Pool, request, type Http1Handler, type Http1PoolOptions, type Http1Request } from '../../src/http1/index.js';
+import { startScriptedReplica } from '../helpers/scripted-replica.js';
 
 const MiB = 1024 * 1024;
 
@@ -257,22 +258,12 @@ describe('against a scripted replica', () => {
   const seen: string[] = [];
 
   beforeAll(async () => {
-    raw = createNetServer((socket) => {
-      let nth = 0;
-      let buf = '';
-      socket.on('error', () => undefined);
-      socket.on('data', (d) => {
-        buf += d.toString('latin1');
-        let end: number;
-        while ((end = buf.indexOf('\r\n\r\n')) !== -1) {
-          const req = buf.slice(0, end);
-          buf = buf.slice(end + 4);
-          seen.push(req.split('\r\n')[0]!);
-          script(socket, nth++, req);
-        }
-      });
+    const scripted = await startScriptedReplica((socket, nth, head) => {
+      seen.push(head.split('\r\n')[0]!);
+      script(socket, nth, head);
     });
-    rawPort = await listen(raw);
+    raw = scripted.server;
+    rawPort = scripted.port;
   });
   afterAll(() => new Promise((r) => raw.close(r)));
 

@@ -2,9 +2,10 @@
 // carries on, never crashes, never reuses a connection that is out of step; a keep-alive
 // connection the replica closed as a request arrived is retried once for idempotent requests.
 
-import { createServer, type Server, type Socket } from 'node:net';
+import type { Server, Socket } from 'node:net';
 import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startScriptedReplica } from '../helpers/scripted-replica.js';
 import { startPluginApp, type PluginApp } from './harness.js';
 
 /** What the replica does with the n-th request on a connection (0-based). */
@@ -34,24 +35,9 @@ function get(path: string, method = 'GET', body?: string): Promise<Answer> {
 }
 
 beforeAll(async () => {
-  replica = createServer((socket) => {
-    let nth = 0;
-    let buf = '';
-    socket.on('error', () => undefined);
-    socket.on('data', (d) => {
-      buf += d.toString('latin1');
-      let end: number;
-      while ((end = buf.indexOf('\r\n\r\n')) !== -1) {
-        const head = buf.slice(0, end);
-        const length = Number(/content-length: (\d+)/i.exec(head)?.[1] ?? 0);
-        if (buf.length < end + 4 + length) break;
-        buf = buf.slice(end + 4 + length);
-        script(socket, nth++, head);
-      }
-    });
-  });
-  await new Promise<void>((r) => replica.listen(0, '127.0.0.1', r));
-  proxy = await startPluginApp((replica.address() as { port: number }).port, { clientMaxBodySize: 0 });
+  const scripted = await startScriptedReplica((socket, nth, head) => script(socket, nth, head));
+  replica = scripted.server;
+  proxy = await startPluginApp(scripted.port, { clientMaxBodySize: 0 });
   port = proxy.port;
 });
 
