@@ -92,7 +92,7 @@ export async function checkManagementExposure(e: ManagementExposure, logger: Log
     logger.warn({ host: e.host, port: e.port }, `${e.what} is open without a token on a non-loopback address (${e.insecureFlag})`);
     return;
   }
-  const ways = [`give ${e.tokenFlag} FILE`, `listen on loopback (${e.hostFlag} 127.0.0.1)`, ...(e.alternative ? [e.alternative] : [])];
+  const ways = [`Give ${e.tokenFlag} FILE`, `listen on loopback (${e.hostFlag} 127.0.0.1)`, ...(e.alternative ? [e.alternative] : [])];
   throw new ProxyError(
     'DP_ERR_OPEN_API',
     `refusing to start (DP_ERR_OPEN_API): ${e.what} would listen on ${e.host}, not a loopback address, without an API token, ` +
