@@ -47,7 +47,7 @@ interface Spec {
 
 export const OPTION_SPECS: Record<keyof GatewayOptions, Spec> = {
   stateDir: { kind: 'string', default: '.dstack-proxy', help: 'state.json, the private Nginx prefix, sockets and certificates live here (created 0700)' },
-  apiHost: { kind: 'string', default: '127.0.0.1', help: 'address of the management API; keep it on loopback unless a firewall and an API token protect it' },
+  apiHost: { kind: 'string', default: '127.0.0.1', help: 'address of the API; a non-loopback one needs --api-token-file (or --insecure-open-api true). Without a token keep it on loopback: a control server elsewhere comes in through an SSH tunnel' },
   apiPort: { kind: 'port', default: 8000, help: 'port of the management API (also the auth_request and model API target of the Nginx sites)' },
   nginx: { kind: 'enum', values: ['private', 'system'], default: 'private', help: '`private`: run and supervise our own nginx under the state dir; `system`: write into --sites-dir and run --reload-command' },
   listenHost: { kind: 'string', default: '', help: 'address the Nginx sites listen on; empty = all addresses' },
