@@ -104,11 +104,12 @@ export async function checkManagementExposure(e: ManagementExposure, logger: Log
 /**
  * onRequest hook for routes meant for this host's own Nginx (the auth_request target): a client
  * elsewhere must not get an oracle for project tokens when the API listens beyond loopback.
- * "This host" is a loopback peer, or a peer whose address is the one it connected to (Nginx
- * calling an API bound to one of the host's own addresses).
+ * "This host" is a loopback peer, a peer whose address is the one it connected to (Nginx
+ * calling an API bound to one of the host's own addresses), or any peer of a Unix socket.
  */
 export async function thisHostOnly(request: FastifyRequest): Promise<void> {
   const { remoteAddress, localAddress } = request.raw.socket;
   if (isLoopbackAddress(remoteAddress) || (remoteAddress !== undefined && remoteAddress === localAddress)) return;
+  if (remoteAddress === undefined && typeof request.server.server.address() === 'string') return;
   throw new ProxyError('DP_ERR_FORBIDDEN', 'this endpoint answers clients on this host only');
 }

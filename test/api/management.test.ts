@@ -40,16 +40,21 @@ describe('loopback addresses', () => {
 });
 
 describe('thisHostOnly', () => {
-  const request = (remoteAddress: string | undefined, localAddress: string | undefined): FastifyRequest =>
-    ({ raw: { socket: { remoteAddress, localAddress } } }) as unknown as FastifyRequest;
+  const request = (remoteAddress: string | undefined, localAddress: string | undefined, listening: string | null = '0.0.0.0'): FastifyRequest =>
+    ({
+      raw: { socket: { remoteAddress, localAddress } },
+      server: { server: { address: () => (listening?.startsWith('/') ? listening : { address: listening, port: 8000 }) } },
+    }) as unknown as FastifyRequest;
 
-  it('lets loopback peers and peers on one of the host’s own addresses through, refuses others', async () => {
+  it('lets loopback peers, peers on one of the host’s own addresses and Unix-socket peers through, refuses others', async () => {
     await expect(thisHostOnly(request('127.0.0.1', '127.0.0.1'))).resolves.toBeUndefined();
     await expect(thisHostOnly(request('::ffff:127.0.0.1', '::ffff:127.0.0.1'))).resolves.toBeUndefined();
     // Nginx calling an API bound to 10.0.0.5 connects from 10.0.0.5.
     await expect(thisHostOnly(request('10.0.0.5', '10.0.0.5'))).resolves.toBeUndefined();
     await expect(thisHostOnly(request('10.0.0.9', '10.0.0.5'))).rejects.toMatchObject({ code: 'DP_ERR_FORBIDDEN', status: 403 });
     await expect(thisHostOnly(request(undefined, undefined))).rejects.toMatchObject({ code: 'DP_ERR_FORBIDDEN' });
+    // A Unix socket's peers have no address; only processes of this host can connect to it.
+    await expect(thisHostOnly(request(undefined, undefined, '/run/dstack-proxy/api.sock'))).resolves.toBeUndefined();
   });
 });
 
