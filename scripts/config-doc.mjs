@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Regenerates docs/configuration.md from the option specs (run after `npm run build`).
 // test/gateway/options.test.ts fails when the doc and the code disagree.
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { OPTION_SPECS, envName, kebab } from '../dist/src/gateway/options.js';
 
 let out = `# Gateway configuration
@@ -19,4 +19,9 @@ for (const [name, spec] of Object.entries(OPTION_SPECS)) {
   const values = spec.values ? ` (one of ${spec.values.map((v) => `\`${v}\``).join(', ')})` : '';
   out += `| \`--${kebab(name)}\` | \`${name}\` | \`${envName(name)}\` | ${def} | ${spec.help.replace(/\|/g, '\\|')}${values} |\n`;
 }
-writeFileSync(new URL('../docs/configuration.md', import.meta.url), out);
+const target = new URL('../docs/configuration.md', import.meta.url);
+// Hand-written sections after the generated table (from the first `## ` heading on) are kept.
+const previous = readFileSync(target, 'utf8');
+const kept = previous.indexOf('\n## ');
+if (kept !== -1) out += previous.slice(kept);
+writeFileSync(target, out);

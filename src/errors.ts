@@ -21,6 +21,7 @@ export const ERRORS = {
   DP_ERR_STATE_UNAVAILABLE: { status: 503, message: 'The state database is unreachable' },
   DP_ERR_INTERNAL: { status: 500, message: 'Internal error' },
   DP_ERR_BAD_OPTION: { status: 500, message: 'Invalid option' },
+  DP_ERR_OPEN_API: { status: 500, message: 'The management API would be open on a non-loopback address' },
 } as const satisfies Record<string, ErrorDef>;
 
 export type ErrorCode = keyof typeof ERRORS;

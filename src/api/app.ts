@@ -10,8 +10,16 @@ import { stateRoutes } from './state-routes.js';
 
 export interface AppOptions {
   runtime: Runtime;
-  /** Protects the management routes (/api/v1/*) when set. */
+  /**
+   * Protects the management routes when set: /api/v1/*, and whatever the `routes` below put
+   * behind the guard they are given (stats, metrics).
+   */
   apiToken?: string;
+  /**
+   * Serve the management routes (/api/v1/state, /api/v1/status). Default true; false for a
+   * public listener whose management routes live on another, loopback one.
+   */
+  management?: boolean;
   logger?: Logger | false;
   /** More fields for GET /api/v1/status (the in-server proxy adds its store's health). */
   statusExtra?: () => Record<string, unknown>;
@@ -29,10 +37,10 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   installErrorHandlers(app);
   const guard = tokenGuard(options.apiToken);
 
-  await app.register(stateRoutes, { runtime, guard });
+  if (options.management !== false) await app.register(stateRoutes, { runtime, guard });
   for (const register of options.routes ?? []) await register(app, guard);
 
-  app.get('/api/v1/status', { onRequest: guard }, async () => {
+  if (options.management !== false) app.get('/api/v1/status', { onRequest: guard }, async () => {
     const current = await runtime.store.read();
     const snapshot = runtime.status();
     return {

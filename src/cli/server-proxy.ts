@@ -14,6 +14,10 @@ SSH tunnels (or direct addresses) opened in this process. PUT the document to /a
 (as on the gateway) or write the row directly (docs/database.md). Several processes on one
 PostgreSQL serve the same document.
 
+The management routes (/api/v1/state, /api/v1/status, /api/stats/collect) rewrite or reveal all
+routing: without --api-token-file they are served on a loopback address only. To serve the proxy
+on the network, give --api-token-file, or move management to a loopback --api-port.
+
 Options:
   --db URL                  sqlite:PATH | postgres://user@host/db | a state directory (required; env DSTACK_PROXY_DB)
   --host HOST               listen address (default: 127.0.0.1)
@@ -22,6 +26,11 @@ Options:
                             (POST /api/projects/<p>/get, answers cached 60 s, fail closed)
   --state-dir DIR           balancer sockets and scratch files (default: a temporary directory)
   --api-token-file FILE     require this bearer token on /api/v1/* and /api/stats/collect
+  --api-port PORT           serve /api/v1/* and /api/stats/collect on their own listener instead of
+                            --port's (which then answers them 404); 0 for any
+  --api-host HOST           address of the --api-port listener (default: 127.0.0.1)
+  --insecure-open-api       allow the management routes without --api-token-file on a non-loopback
+                            address; without it such a start is refused (DP_ERR_OPEN_API)
   --connect-timeout SEC     opening a connection to a replica, then 504 (default: 10)
   --read-timeout SEC        waiting for the replica's headers / between body chunks, then 504; a WebSocket
                             with no traffic either way for this long is closed (default: 300)
@@ -39,6 +48,9 @@ Stops gracefully on SIGINT/SIGTERM.`,
         'server-url': { type: 'string' },
         'state-dir': { type: 'string' },
         'api-token-file': { type: 'string' },
+        'api-port': { type: 'string' },
+        'api-host': { type: 'string' },
+        'insecure-open-api': { type: 'boolean' },
         'connect-timeout': { type: 'string' },
         'read-timeout': { type: 'string' },
         'log-level': { type: 'string' },
@@ -53,12 +65,19 @@ Stops gracefully on SIGINT/SIGTERM.`,
     if (v['server-url']) options.serverUrl = v['server-url'];
     if (v['state-dir']) options.stateDir = v['state-dir'];
     if (v['api-token-file']) options.apiTokenFile = v['api-token-file'];
+    if (v['api-port'] !== undefined) options.apiPort = intFlag('--api-port', v['api-port'], 0, 65535);
+    if (v['api-host']) {
+      if (v['api-port'] === undefined) throw new UsageError('--api-host needs --api-port (management on its own listener)');
+      options.apiHost = v['api-host'];
+    }
+    if (v['insecure-open-api']) options.insecureOpenApi = true;
     if (v['connect-timeout'] !== undefined) options.connectTimeoutMs = secondsFlag('--connect-timeout', v['connect-timeout']);
     if (v['read-timeout'] !== undefined) options.readTimeoutMs = secondsFlag('--read-timeout', v['read-timeout']);
     if (v['log-level']) options.logLevel = v['log-level'];
 
     const proxy = await startServerProxy(options);
-    io.stderr(`dstack-proxy server-proxy: listening on ${proxy.url} (generation ${proxy.current().generation})\n`);
+    const api = proxy.apiUrl === proxy.url ? '' : `, management API on ${proxy.apiUrl}`;
+    io.stderr(`dstack-proxy server-proxy: listening on ${proxy.url}${api} (generation ${proxy.current().generation})\n`);
     await new Promise<void>((resolve) => {
       const stop = (signal: string): void => {
         io.stderr(`dstack-proxy server-proxy: ${signal}, shutting down\n`);

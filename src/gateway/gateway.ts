@@ -6,7 +6,7 @@ import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
 import { buildApp } from '../api/app.js';
-import { readApiToken } from '../api/api-token.js';
+import { checkManagementExposure, readApiToken, thisHostOnly } from '../api/api-token.js';
 import { planFromController } from '../api/plan.js';
 import type { Runtime } from '../api/runtime.js';
 import { Controller } from '../reconcilers/controller.js';
@@ -56,10 +56,25 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const logger = deps.logger ?? pino({ level: options.logLevel, base: { svc: 'dstack-proxy' } });
   const stateDir = resolve(options.stateDir);
 
+  // 0. Management open to the network without a token is refused before anything is touched.
+  const apiToken = options.apiTokenFile ? await readApiToken(options.apiTokenFile, logger) : undefined;
+  await checkManagementExposure(
+    {
+      what: 'the management API (/api/v1/*, /metrics, /api/stats/collect)',
+      host: options.apiHost,
+      port: options.apiPort,
+      hostFlag: '--api-host',
+      tokenFlag: '--api-token-file',
+      insecureFlag: '--insecure-open-api true',
+      hasToken: apiToken !== undefined,
+      insecure: options.insecureOpenApi === 'true',
+    },
+    logger,
+  );
+
   // 1. State: fails here, before anything is touched, when state.json is corrupt.
   const store = await openFileStore({ stateDir });
   let current: StoredState = await store.read();
-  const apiToken = options.apiTokenFile ? await readApiToken(options.apiTokenFile, logger) : undefined;
 
   // 2. Nginx: a private master under the state dir, or the system one.
   const acmeWebroot = join(stateDir, 'acme-webroot');
@@ -203,10 +218,16 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     logger: logger.child({ component: 'api' }),
     ...(apiToken ? { apiToken } : {}),
     routes: [
-      // Nginx calls the auth target for every request: never behind the API token.
-      async (a) => a.register(authRoutes, { auth }),
-      async (a) => a.register(statsRoutes, { collector: stats, getState: async () => current.state }),
-      async (a) => a.register(metricsRoutes, { metrics }),
+      // Nginx calls the auth target for every request: never behind the API token, and for
+      // this host only (an API beyond loopback must not be a token oracle for the network).
+      async (a) =>
+        a.register(async (scope) => {
+          scope.addHook('onRequest', thisHostOnly);
+          await scope.register(authRoutes, { auth });
+        }),
+      // Stats and metrics list every project, service, replica and domain: management data.
+      async (a, guard) => a.register(statsRoutes, { collector: stats, getState: async () => current.state, guard }),
+      async (a, guard) => a.register(metricsRoutes, { metrics, guard }),
       // The OpenAI-compatible API; entrypoint sites proxy here. Always token-checked.
       async (a) =>
         registerModelApi(a, {

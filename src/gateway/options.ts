@@ -22,6 +22,7 @@ export interface GatewayOptions {
   resyncInterval: number;
   proxyReadTimeout: number;
   apiTokenFile: string | undefined;
+  insecureOpenApi: 'true' | 'false';
   sshKeepaliveInterval: number;
   sshKeepaliveCountMax: number;
   drainPeriod: number;
@@ -46,7 +47,7 @@ interface Spec {
 
 export const OPTION_SPECS: Record<keyof GatewayOptions, Spec> = {
   stateDir: { kind: 'string', default: '.dstack-proxy', help: 'state.json, the private Nginx prefix, sockets and certificates live here (created 0700)' },
-  apiHost: { kind: 'string', default: '127.0.0.1', help: 'address of the management API; keep it on loopback unless a firewall and an API token protect it' },
+  apiHost: { kind: 'string', default: '127.0.0.1', help: 'address of the API; a non-loopback one needs --api-token-file (or --insecure-open-api true). Without a token keep it on loopback: a control server elsewhere comes in through an SSH tunnel' },
   apiPort: { kind: 'port', default: 8000, help: 'port of the management API (also the auth_request and model API target of the Nginx sites)' },
   nginx: { kind: 'enum', values: ['private', 'system'], default: 'private', help: '`private`: run and supervise our own nginx under the state dir; `system`: write into --sites-dir and run --reload-command' },
   listenHost: { kind: 'string', default: '', help: 'address the Nginx sites listen on; empty = all addresses' },
@@ -59,7 +60,8 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, Spec> = {
   nginxBin: { kind: 'string', default: '/usr/sbin/nginx', help: 'the nginx binary (private mode)' },
   resyncInterval: { kind: 'seconds', default: 60, help: 'seconds between periodic passes that repair drift' },
   proxyReadTimeout: { kind: 'seconds', default: 300, help: 'seconds Nginx waits between two reads from a replica' },
-  apiTokenFile: { kind: 'string', default: undefined, help: 'file holding a token the management routes (/api/v1/*) require as `Authorization: Bearer`' },
+  apiTokenFile: { kind: 'string', default: undefined, help: 'file holding a token the management routes (/api/v1/*, /metrics, /api/stats/collect) require as `Authorization: Bearer`' },
+  insecureOpenApi: { kind: 'enum', values: ['true', 'false'], default: 'false', help: '`true` allows a non-loopback --api-host without --api-token-file (only behind a firewall you trust); otherwise such a start is refused with DP_ERR_OPEN_API' },
   serverUrl: { kind: 'string', default: undefined, help: 'the control server that answers token checks (`http://host:port` or `unix:/path.sock`); without it every auth: true request is refused' },
   authCacheTtl: { kind: 'seconds', default: 60, help: 'seconds a positive token check is cached (keyed by a hash of the token); refusals are never cached' },
   authTimeout: { kind: 'seconds', default: 5, help: 'seconds to wait for the control server before refusing the request' },

@@ -3,19 +3,25 @@
 // one fastify app serving PUT/GET /api/v1/state (the gateway's route module), /proxy/services,
 // /api/stats/collect, /api/v1/status, /healthz and /readyz. Several processes on one
 // PostgreSQL serve the same document: a commit through any of them reaches all within 1 s.
+//
+// The management routes (state, status, stats) rewrite or reveal all routing. They are served
+// either on the proxy's listener or, with `apiPort`, on a listener of their own (loopback by
+// default) — and without an API token only on a loopback address: start refuses otherwise
+// unless `insecureOpenApi` says so.
 
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
-import { readApiToken } from '../api/api-token.js';
-import { buildApp } from '../api/app.js';
+import { checkManagementExposure, readApiToken } from '../api/api-token.js';
+import { buildApp, type AppOptions } from '../api/app.js';
 import { createControlServerAuth, noServerAuth, type AuthProvider } from '../api/auth.js';
 import { planFromController } from '../api/plan.js';
 import type { Runtime } from '../api/runtime.js';
 import { statsRoutes } from '../api/stats-routes.js';
 import { connectForwarder, fileFirstSeenStore, registerModelApi } from '../models/index.js';
+import { ProxyError } from '../errors.js';
 import type { Clock } from '../reconcilers/clock.js';
 import { Controller } from '../reconcilers/controller.js';
 import { createSshLoop, NoReadyReplicaError, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
@@ -41,6 +47,16 @@ export interface ServerProxyServerOptions {
   stateDir?: string;
   /** Protects /api/v1/* and /api/stats/collect with a bearer token (the file holds it). */
   apiTokenFile?: string;
+  /**
+   * Serve the management routes (/api/v1/*, /api/stats/collect) on their own listener at
+   * apiHost:apiPort instead of the proxy's (0 picks a free port). The proxy's listener then
+   * answers them 404.
+   */
+  apiPort?: number;
+  /** With apiPort: its address. Default 127.0.0.1. */
+  apiHost?: string;
+  /** Allow management routes without a token on a non-loopback address (a firewall you trust). */
+  insecureOpenApi?: boolean;
   /** Default 10 s. */
   connectTimeoutMs?: number;
   /** Default 300 s. */
@@ -70,6 +86,10 @@ export interface RunningServerProxy {
   app: FastifyInstance;
   /** http://host:port */
   url: string;
+  /** The management app: `app` itself, or the one on apiPort. */
+  apiApp: FastifyInstance;
+  /** http://host:port of the management routes: `url`, or the apiPort listener's. */
+  apiUrl: string;
   store: WatchedStateStore;
   controller: Controller;
   ssh: SshLoop;
@@ -87,11 +107,32 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     cleanups.length = 0;
   };
   try {
+    // 0. Refuse an open management API before touching anything.
+    const host = o.host ?? '127.0.0.1';
+    const port = o.port ?? 8080;
+    const separate = o.apiPort !== undefined;
+    if (o.apiHost !== undefined && !separate) throw new ProxyError('DP_ERR_BAD_OPTION', '--api-host needs --api-port (management on its own listener)');
+    const apiHost = separate ? (o.apiHost ?? '127.0.0.1') : host;
+    const apiToken = o.apiTokenFile ? await readApiToken(o.apiTokenFile, logger) : undefined;
+    await checkManagementExposure(
+      {
+        what: 'the management API (/api/v1/state, /api/v1/status, /api/stats/collect)',
+        host: apiHost,
+        port: separate ? o.apiPort! : port,
+        hostFlag: separate ? '--api-host' : '--host',
+        tokenFlag: '--api-token-file',
+        insecureFlag: '--insecure-open-api',
+        ...(separate ? {} : { alternative: 'move it to its own loopback listener (--api-port PORT)' }),
+        hasToken: apiToken !== undefined,
+        insecure: o.insecureOpenApi === true,
+      },
+      logger,
+    );
+
     // 1. The document, and a watch that hands every new generation to the controller.
     const store = await openStore(o.db, { logger: logger.child({ component: 'store' }), ...(deps.pollMs ? { pollMs: deps.pollMs } : {}) });
     cleanups.push(() => store.close());
     let current = await store.read();
-    const apiToken = o.apiTokenFile ? await readApiToken(o.apiTokenFile, logger) : undefined;
 
     // 2. Tunnels: the SSH loop in-process, eager for every replica; connections via the balancer.
     let stateDir = o.stateDir ? resolve(o.stateDir) : undefined;
@@ -151,51 +192,74 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     let proxy: ServerProxy | undefined;
     const models = connectForwarder(connect);
     cleanups.push(() => models.close());
+    const proxyRoutes: NonNullable<AppOptions['routes']> = [
+      async (a) => {
+        proxy = await registerServerProxy(a, {
+          getState,
+          connect,
+          authorize,
+          logger: logger.child({ component: 'proxy' }),
+          ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
+          ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
+          ...(deps.clock ? { clock: deps.clock } : {}),
+        });
+      },
+      async (a) =>
+        registerModelApi(a, {
+          prefix: '/proxy/models/:project',
+          getState,
+          authorize,
+          forward: (service, request) => models.forward(service, request),
+          firstSeen: fileFirstSeenStore(join(stateDir, 'models.json')),
+          ...(deps.clock ? { clock: deps.clock } : {}),
+        }),
+      ...(deps.extraRoutes ? [async (a: FastifyInstance) => deps.extraRoutes!(a, { getState, authorize, connect })] : []),
+    ];
+    const managementRoutes: NonNullable<AppOptions['routes']> = [
+      async (a, guard) => a.register(statsRoutes, { collector: proxy!.stats, getState, guard }),
+    ];
+    const appLogger = logger.child({ component: 'api' });
+    // One app for everything, or the proxy's app without management plus a management app.
     const app = await buildApp({
       runtime,
-      logger: logger.child({ component: 'api' }),
+      logger: appLogger,
       ...(apiToken ? { apiToken } : {}),
       statusExtra: () => ({ store: store.health() }),
-      routes: [
-        async (a) => {
-          proxy = await registerServerProxy(a, {
-            getState,
-            connect,
-            authorize,
-            logger: logger.child({ component: 'proxy' }),
-            ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
-            ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
-            ...(deps.clock ? { clock: deps.clock } : {}),
-          });
-        },
-        async (a, guard) => a.register(statsRoutes, { collector: proxy!.stats, getState, guard }),
-        async (a) =>
-          registerModelApi(a, {
-            prefix: '/proxy/models/:project',
-            getState,
-            authorize,
-            forward: (service, request) => models.forward(service, request),
-            firstSeen: fileFirstSeenStore(join(stateDir, 'models.json')),
-            ...(deps.clock ? { clock: deps.clock } : {}),
-          }),
-        ...(deps.extraRoutes ? [async (a: FastifyInstance) => deps.extraRoutes!(a, { getState, authorize, connect })] : []),
-      ],
+      ...(separate ? { management: false, routes: proxyRoutes } : { routes: [...proxyRoutes, ...managementRoutes] }),
     });
     cleanups.push(() => app.close());
+    let apiApp = app;
+    if (separate) {
+      apiApp = await buildApp({
+        runtime,
+        logger: appLogger,
+        ...(apiToken ? { apiToken } : {}),
+        statusExtra: () => ({ store: store.health() }),
+        routes: managementRoutes,
+      });
+      cleanups.push(() => apiApp.close());
+    }
 
     // 4. Listen, then the first pass (tunnels opening; /readyz says so until it is done).
-    const host = o.host ?? '127.0.0.1';
-    await app.listen({ host, port: o.port ?? 8080 });
-    const port = (app.server.address() as { port: number }).port;
+    await app.listen({ host, port });
+    const url = `http://${urlHost(host)}:${(app.server.address() as { port: number }).port}`;
+    let apiUrl = url;
+    if (separate) {
+      await apiApp.listen({ host: apiHost, port: o.apiPort! });
+      apiUrl = `http://${urlHost(apiHost)}:${(apiApp.server.address() as { port: number }).port}`;
+    }
     await controller.start();
     ready = true;
-    const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
-    logger.info({ url, db: redactStoreUrl(o.db), generation: current.generation }, 'server proxy listening');
-    return { app, url, store, controller, ssh, proxy: proxy!, current: () => current, close };
+    logger.info({ url, apiUrl, db: redactStoreUrl(o.db), generation: current.generation }, 'server proxy listening');
+    return { app, url, apiApp, apiUrl, store, controller, ssh, proxy: proxy!, current: () => current, close };
   } catch (err) {
     await close();
     throw err;
   }
+}
+
+function urlHost(host: string): string {
+  return host.includes(':') ? `[${host}]` : host;
 }
 
 /**

@@ -24,6 +24,8 @@ export interface SendOptions {
   headers?: Record<string, string | string[]>;
   body?: Buffer | string | Readable;
   agent?: Agent | false;
+  /** Source address of the connection (127.0.0.2: not the address the server listens on). */
+  localAddress?: string;
 }
 
 export function send(url: string, o: SendOptions = {}): Promise<Reply> {
@@ -36,6 +38,7 @@ export function send(url: string, o: SendOptions = {}): Promise<Reply> {
       method: o.method ?? 'GET',
       headers: o.headers ?? {},
       agent: o.agent ?? false,
+      ...(o.localAddress ? { localAddress: o.localAddress } : {}),
     });
     req.on('response', (res) => {
       const chunks: Buffer[] = [];
