@@ -1,7 +1,7 @@
 // The private Nginx: its main conf, `nginx -t`, and a supervised master process. Also the
 // system-mode counterparts (an operator-managed Nginx reloaded by a command).
 
-import { mkdir, open, readFile, readdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, stat, unlink, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
@@ -23,6 +23,8 @@ export interface MainConfOptions {
   serverNamesHash?: boolean;
   /** How long old workers may keep serving long requests after a reload; null = forever. */
   workerShutdownTimeoutSec?: number | null;
+  /** Unix sockets the sites listen on: removed before each start (Nginx does not unlink before bind). */
+  unixListeners?: string[];
 }
 
 export interface NginxPaths {
@@ -31,6 +33,8 @@ export interface NginxPaths {
   confDir: string;
   pidPath: string;
   errorLogPath: string;
+  /** MainConfOptions.unixListeners. */
+  unixListeners?: string[];
 }
 
 const TEMP_KINDS = ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi'] as const;
@@ -45,6 +49,7 @@ export function mainConfText(dir: string, opts: MainConfOptions = {}): { text: s
     confDir,
     pidPath: join(prefix, 'nginx.pid'),
     errorLogPath: join(prefix, 'logs', 'error.log'),
+    ...(opts.unixListeners ? { unixListeners: opts.unixListeners } : {}),
   };
   const user = opts.user === undefined ? (process.getuid?.() === 0 ? 'root' : null) : opts.user;
   const workers = opts.workerProcesses ?? 1;
@@ -252,6 +257,8 @@ export class NginxProcess {
 
   private async spawn(): Promise<void> {
     const { paths, nginxBin } = this.o;
+    // A master killed outright leaves its socket files behind, and bind() would then fail.
+    for (const p of paths.unixListeners ?? []) await unlink(p).catch(() => undefined);
     const child = execa(nginxBin, ['-p', paths.prefix, '-c', paths.confPath, '-g', 'daemon off;'], {
       reject: false,
       stdin: 'ignore',
