@@ -25,6 +25,7 @@ import { serviceKey, type ProxyState } from '../spec/index.js';
 import { openFileStore } from '../state/file-store.js';
 import type { StateStore, StoredState } from '../state/store.js';
 import { prepareInternalListener, removeStaleSocket } from './internal-listener.js';
+import { lookupUser, prepareWorkerDirs } from './nginx-worker.js';
 import type { GatewayOptions } from './options.js';
 
 export interface Gateway {
@@ -62,10 +63,14 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let current: StoredState = await store.read();
   const apiToken = options.apiTokenFile ? await readApiToken(options.apiTokenFile, logger) : undefined;
 
-  // 2. Nginx: a private master under the state dir, or the system one.
-  const acmeWebroot = join(stateDir, 'acme-webroot');
+  // 2. Nginx: a private master under the state dir, or the system one. Its workers run as
+  // --nginx-user and reach only the worker dir (balancer sockets, ACME webroot, temp files);
+  // a private Nginx started without root runs them as our own user.
+  const switchesUser = options.nginx === 'system' || process.getuid?.() === 0;
+  const worker = switchesUser ? await lookupUser(options.nginxUser) : null;
+  const workerDirs = await prepareWorkerDirs(options.nginxWorkerDir ? resolve(options.nginxWorkerDir) : `${stateDir}-nginx`, worker, logger);
+  const acmeWebroot = workerDirs.acmeWebroot;
   const logsDir = join(stateDir, 'logs');
-  await mkdir(join(acmeWebroot, '.well-known', 'acme-challenge'), { recursive: true });
   await mkdir(logsDir, { recursive: true });
   const accessLog = join(logsDir, 'access.log');
   // The model API's way into Nginx: a Unix socket only the gateway's user can reach.
@@ -79,6 +84,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     const prefix = join(stateDir, 'nginx');
     const paths = await writeMainConf(prefix, {
       ...(options.sitesDir ? { confDir: resolve(options.sitesDir) } : {}),
+      user: worker?.user ?? null,
+      tempDir: workerDirs.tempDir,
       unixListeners: [internal.socketPath],
     });
     confDir = paths.confDir;
@@ -118,6 +125,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   };
   const sshLoop = createSshLoop({
     stateDir,
+    socketDir: workerDirs.socketDir,
+    ...(workerDirs.gid !== null ? { socketGid: workerDirs.gid, socketMode: 0o660 } : {}),
     keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
     keepaliveCountMax: options.sshKeepaliveCountMax,
     drainMs: options.drainPeriod * 1000,

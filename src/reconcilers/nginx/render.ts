@@ -165,7 +165,7 @@ function renderServiceSite(v: ServiceSiteView): string {
     );
   }
 
-  const body: Lines = [...serverHead(v), 'limit_req_status 429;', 'limit_req_log_level info;'];
+  const body: Lines = [...serverHead(v), 'limit_req_status 429;', 'limit_req_log_level info;', ...tryFilesRoot(v)];
   body.push(...redirectAndCors(v), ...acmeLocation(v));
 
   if (v.authUrl) {
@@ -187,6 +187,15 @@ function renderServiceSite(v: ServiceSiteView): string {
   l.push(...block('server', body));
   if (v.listenInternal) l.push('', ...internalServer(v, v.listenInternal));
   return text(l);
+}
+
+/**
+ * try_files looks for /nonexistent under the root before it enters the replica location; the
+ * default root (<prefix>/html of a private Nginx) is inside the state dir, which the workers
+ * cannot enter: every request would log a [crit] EACCES. The ACME webroot is theirs to read.
+ */
+function tryFilesRoot(v: SiteCommon): Lines {
+  return [`root ${quote(v.acmeWebroot)};`];
 }
 
 /** The prefix locations: auth (public server only), then the limits, then the replica. */
@@ -250,6 +259,7 @@ function internalServer(v: ServiceSiteView, listen: string): Lines {
     `client_max_body_size ${v.clientMaxBodySize};`,
     'limit_req_status 429;',
     'limit_req_log_level info;',
+    ...tryFilesRoot(v),
     'set_real_ip_from unix:;',
     'real_ip_header X-Real-IP;',
     ...locations(v, { auth: false }),

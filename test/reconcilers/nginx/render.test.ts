@@ -210,6 +210,9 @@ describe('service site', () => {
     expectLines(renderSite(site('plain.gw.test')), [INTERNAL, 'proxy_pass http://dstack.main.plain;']);
     expectLines(renderSite(site('empty.gw.test')), [INTERNAL, 'default_type application/json;']);
   });
+  it('gives try_files a root the workers can enter (the ACME webroot), on both servers', () => {
+    for (const server of serverBlocks(text)) expect(linesOf(server)).toContain('root /var/lib/dstack-proxy/acme;');
+  });
   it('renders no internal server without an internal socket', () => {
     const t = renderAll(buildViews(sampleState(8001), { ...opts, internalSocket: null }));
     for (const text of t.values()) expect(text).not.toContain('unix:/var/lib/dstack-proxy/nginx-internal');
