@@ -62,8 +62,12 @@ function canSearch(who: WorkerIdentity, st: { uid: number; gid: number; mode: nu
  */
 export async function checkReachable(dir: string, who: WorkerIdentity): Promise<void> {
   for (let p = dirname(resolve(dir)); ; p = dirname(p)) {
-    const st = await stat(p);
-    if (!canSearch(who, st)) {
+    // A parent that does not exist yet is created 0755 (mkdir -p).
+    const st = await stat(p).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOENT') return null;
+      throw err;
+    });
+    if (st && !canSearch(who, st)) {
       const mode = (st.mode & 0o7777).toString(8).padStart(4, '0');
       throw new ProxyError(
         'DP_ERR_BAD_OPTION',
@@ -88,6 +92,9 @@ async function ownedDir(path: string, gid: number | null): Promise<void> {
 export async function prepareWorkerDirs(dir: string, who: WorkerIdentity | null, logger?: Logger): Promise<WorkerDirs> {
   dir = resolve(dir);
   let gid = who && who.uid !== process.getuid?.() ? who.gid : null;
+  // Checked before anything is created: a refused start leaves nothing behind.
+  if (who && gid !== null) await checkReachable(dir, who);
+  await mkdir(dirname(dir), { recursive: true, mode: 0o755 });
   if (gid !== null) {
     try {
       await ownedDir(dir, gid);
@@ -105,6 +112,5 @@ export async function prepareWorkerDirs(dir: string, who: WorkerIdentity | null,
   await mkdir(challenges, { recursive: true, mode: 0o755 });
   await chmod(join(out.acmeWebroot, '.well-known'), 0o755);
   await chmod(challenges, 0o755);
-  if (who && gid !== null) await checkReachable(dir, who);
   return out;
 }

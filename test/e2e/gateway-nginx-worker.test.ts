@@ -3,7 +3,7 @@
 // socket, an ACME challenge from the webroot, the access log, and an upload larger than
 // client_body_buffer_size (buffered to a temp file). The state dir stays 0700.
 
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { readFile, readdir, stat, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -144,6 +144,7 @@ describe.runIf(asRoot)('refused worker setups', () => {
       const err = await startIn(dir);
       expect(String(err)).toContain(`Nginx workers run as www-data and cannot reach ${join(dir, 'state')}-nginx: ${dir} (mode 0700`);
       expect(String(err)).toContain('--nginx-worker-dir');
+      expect(existsSync(join(dir, 'state-nginx'))).toBe(false);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
