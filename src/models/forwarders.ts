@@ -1,9 +1,9 @@
 // How a chat request reaches a replica. Injected into the plugin so that both deployments share
 // it: the gateway goes through its own Nginx (load balancing, rate limits and stats like any other
-// request) on the internal listener, a Unix socket only the gateway can connect to, whose sites
-// skip auth_request (the plugin checked the token) and take the client's address from the
-// X-Real-IP sent here, so limits keyed by address or header count per client; the in-server proxy through the SSH loop's
-// `connect(serviceKey)`. Both send with the lean HTTP/1.1 client of src/http1, keep connections
+// request) on the internal listener — a Unix socket only the gateway can connect to, whose
+// servers skip auth_request (the plugin checked the token) and take the client's address from the
+// X-Real-IP sent here, so limits keyed by address or header count per client; the in-server
+// proxy through the SSH loop's `connect(serviceKey)`. Both send with the lean HTTP/1.1 client of src/http1, keep connections
 // alive, stream the response body, and read a small non-streaming answer whole (upstream.ts).
 
 import { createHash, timingSafeEqual } from 'node:crypto';

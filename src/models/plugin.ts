@@ -40,7 +40,6 @@ export interface ModelApiOptions {
   clientOf?: (req: FastifyRequest) => ForwardedClient;
 }
 
-
 /** A replica error body is read up to this size; the rest is dropped. */
 const MAX_ERROR_BODY = 64 * 1024; // 64 KiB
 
