@@ -9,6 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { chmod, mkdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 import { join } from 'node:path';
+import { internalListen } from '../reconcilers/nginx/view.js';
 
 export interface InternalListener {
   dir: string;
@@ -25,6 +26,8 @@ const KEY_LINE = /^proxy_set_header X-Dstack-Entrypoint-Key ([0-9a-f]{64});\n$/;
 /** Create the 0700 directory and the key file (kept across restarts: a system Nginx may not reload). */
 export async function prepareInternalListener(stateDir: string): Promise<InternalListener> {
   const dir = join(stateDir, 'nginx-internal');
+  // A path too long for a Unix socket: said at start, not at every pass of the Nginx loop.
+  internalListen(join(dir, 'nginx.sock'));
   await mkdir(dir, { recursive: true, mode: 0o700 });
   await chmod(dir, 0o700);
   const keyInclude = join(dir, 'entrypoint-key.conf');
