@@ -20,10 +20,12 @@ import { createStatsCollector } from '../reconcilers/stats/index.js';
 import { authRoutes, createControlServerAuth, noServerAuth } from '../api/auth.js';
 import { createMetrics, metricsRoutes, type CertificateMetric, type TunnelMetric } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
-import { fileFirstSeenStore, nginxForwarder, observeModels, registerModelApi } from '../models/index.js';
+import { entrypointClient, fileFirstSeenStore, nginxForwarder, observeModels, registerModelApi } from '../models/index.js';
 import { serviceKey, type ProxyState } from '../spec/index.js';
 import { openFileStore } from '../state/file-store.js';
 import type { StateStore, StoredState } from '../state/store.js';
+import { prepareInternalListener, removeStaleSocket } from './internal-listener.js';
+import { lookupUser, prepareWorkerDirs } from './nginx-worker.js';
 import type { GatewayOptions } from './options.js';
 
 export interface Gateway {
@@ -76,12 +78,18 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const store = await openFileStore({ stateDir });
   let current: StoredState = await store.read();
 
-  // 2. Nginx: a private master under the state dir, or the system one.
-  const acmeWebroot = join(stateDir, 'acme-webroot');
+  // 2. Nginx: a private master under the state dir, or the system one. Its workers run as
+  // --nginx-user and reach only the worker dir (balancer sockets, ACME webroot, temp files);
+  // a private Nginx started without root runs them as our own user.
+  const switchesUser = options.nginx === 'system' || process.getuid?.() === 0;
+  const worker = switchesUser ? await lookupUser(options.nginxUser) : null;
+  const workerDirs = await prepareWorkerDirs(options.nginxWorkerDir ? resolve(options.nginxWorkerDir) : `${stateDir}-nginx`, worker, logger);
+  const acmeWebroot = workerDirs.acmeWebroot;
   const logsDir = join(stateDir, 'logs');
-  await mkdir(join(acmeWebroot, '.well-known', 'acme-challenge'), { recursive: true });
   await mkdir(logsDir, { recursive: true });
   const accessLog = join(logsDir, 'access.log');
+  // The model API's way into Nginx: a Unix socket only the gateway's user can reach.
+  const internal = await prepareInternalListener(stateDir);
   let nginx: NginxProcess | undefined;
   let confDir: string;
   let mainConfPath: string;
@@ -89,7 +97,12 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let reload: NginxLoopOptions['reload'];
   if (options.nginx === 'private') {
     const prefix = join(stateDir, 'nginx');
-    const paths = await writeMainConf(prefix, options.sitesDir ? { confDir: resolve(options.sitesDir) } : {});
+    const paths = await writeMainConf(prefix, {
+      ...(options.sitesDir ? { confDir: resolve(options.sitesDir) } : {}),
+      user: worker?.user ?? null,
+      tempDir: workerDirs.tempDir,
+      unixListeners: [internal.socketPath],
+    });
     confDir = paths.confDir;
     mainConfPath = paths.confPath;
     nginx = new NginxProcess({
@@ -106,6 +119,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     mainConfPath = resolve(options.nginxConf);
     test = (conf) => system.test(conf);
     reload = () => system.reload();
+    // A file left by a system Nginx that died would make its next reload fail.
+    await removeStaleSocket(internal.socketPath);
   }
 
   // 3. Loops and the controller.
@@ -120,9 +135,13 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     proxyReadTimeoutSec: Math.round(options.proxyReadTimeout),
     acmeWebroot,
     accessLogPath: accessLog,
+    internalSocket: internal.socketPath,
+    entrypointKeyInclude: internal.keyInclude,
   };
   const sshLoop = createSshLoop({
     stateDir,
+    socketDir: workerDirs.socketDir,
+    ...(workerDirs.gid !== null ? { socketGid: workerDirs.gid, socketMode: 0o660 } : {}),
     keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
     keepaliveCountMax: options.sshKeepaliveCountMax,
     drainMs: options.drainPeriod * 1000,
@@ -197,9 +216,9 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       })
     : noServerAuth;
   // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
-  // and counted like any other request (Nginx lets 127.0.0.1 past auth_request).
-  // Sites always listen on 127.0.0.1 too (view.ts listenLocal), which auth_request trusts.
-  const modelForwarder = nginxForwarder({ httpPort: options.httpPort, host: '127.0.0.1' });
+  // per client and counted like any other request, on the internal listener (no auth_request
+  // there: the model API checks the token itself).
+  const modelForwarder = nginxForwarder({ socketPath: internal.socketPath });
   const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
   await observeModels(firstSeen, current.state, Math.floor(Date.now() / 1000));
   const stats = createStatsCollector({ accessLogPath: accessLog, logger: logger.child({ component: 'stats' }) });
@@ -235,6 +254,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
           getState: () => current.state,
           authorize: (project, token) => auth.check(project, token),
           forward: (service, request) => modelForwarder.forward(service, request),
+          // Behind an entrypoint site the client is who Nginx saw; called directly, the peer.
+          clientOf: entrypointClient(internal.key),
           firstSeen,
           ...(deps.clock ? { clock: deps.clock } : {}),
         }),

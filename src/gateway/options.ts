@@ -19,6 +19,8 @@ export interface GatewayOptions {
   testCommand: string;
   nginxConf: string;
   nginxBin: string;
+  nginxUser: string;
+  nginxWorkerDir: string | undefined;
   resyncInterval: number;
   proxyReadTimeout: number;
   apiTokenFile: string | undefined;
@@ -58,6 +60,8 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, Spec> = {
   testCommand: { kind: 'string', default: 'nginx -t -q', help: 'system mode: how to test a candidate configuration (`-c <candidate main conf>` is appended)' },
   nginxConf: { kind: 'string', default: '/etc/nginx/nginx.conf', help: 'system mode: the main conf; it must include `<sites-dir>/*.conf` and `<sites-dir>/sites/*.conf` by literal path' },
   nginxBin: { kind: 'string', default: '/usr/sbin/nginx', help: 'the nginx binary (private mode)' },
+  nginxUser: { kind: 'string', default: 'www-data', help: "the unprivileged user Nginx's workers run as (private mode, when the gateway runs as root; with the system Nginx, the user its workers already run as); only it gets the balancer sockets, the ACME webroot and the temp dirs; root is refused" },
+  nginxWorkerDir: { kind: 'string', default: undefined, help: "the dir of what Nginx's workers open by path (balancer sockets, ACME webroot, temp files), owned by --nginx-user's group, mode 0710; its parents must let that user in; default <state-dir>-nginx (the state dir stays 0700)" },
   resyncInterval: { kind: 'seconds', default: 60, help: 'seconds between periodic passes that repair drift' },
   proxyReadTimeout: { kind: 'seconds', default: 300, help: 'seconds Nginx waits between two reads from a replica' },
   apiTokenFile: { kind: 'string', default: undefined, help: 'file holding a token the management routes (/api/v1/*, /metrics, /api/stats/collect) require as `Authorization: Bearer`' },

@@ -14,7 +14,7 @@ import { serviceKey } from '../spec/types.js';
 import { catalogOf, observeModels, type ModelEntry } from './catalog.js';
 import { ModelApiError, toModelError, typeForStatus, unauthorized, upstreamMessage } from './errors.js';
 import { memoryFirstSeenStore, modelKey, type FirstSeenStore } from './first-seen.js';
-import { ClientAbort, type UpstreamRequest, type UpstreamResponse } from './forwarders.js';
+import { ClientAbort, peerClient, type ForwardedClient, type UpstreamRequest, type UpstreamResponse } from './forwarders.js';
 import { chatRequest, parseJsonBody, tgiParams, type ChatRequest } from './request.js';
 import { dataLines, DONE_FRAME, errorFrame } from './sse.js';
 import { renderPrompt } from './template.js';
@@ -36,6 +36,8 @@ export interface ModelApiOptions {
   bodyLimit?: number;
   /** Completion ids. Default `chatcmpl-<32 hex>`. */
   newId?: () => string;
+  /** Who the client is, passed on to the forwarder. Default: the connection's peer, its headers. */
+  clientOf?: (req: FastifyRequest) => ForwardedClient;
 }
 
 /** A replica error body is read up to this size; the rest is dropped. */
@@ -49,6 +51,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
   const bodyLimit = o.bodyLimit ?? 64 * 1024 * 1024;
   const projectOf = (req: FastifyRequest): string => ((req.params as { project?: string }).project ?? o.project ?? '').toLowerCase();
   const nowSec = (): number => Math.floor(clock.now() / 1000);
+  const clientOf = o.clientOf ?? peerClient;
 
   await app.register(
     async (scope) => {
@@ -122,19 +125,20 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         const { service } = lookup(projectOf(req), chat.model);
         if (service.replicas.length === 0) throw new ModelApiError(503, `Service ${serviceKey(service)} has no running replicas`);
         const abort = new ClientAbort();
+        const client = clientOf(req);
         // The client went away before the answer was complete: the replica stops generating.
         reply.raw.on('close', () => {
           if (!reply.raw.writableFinished) abort.abort();
         });
         const model = service.model;
-        if (model.format === 'openai') return openaiCompletion(reply, service, model.prefix, raw, abort);
-        return tgiCompletionRoute(reply, service, model, chat, abort);
+        if (model.format === 'openai') return openaiCompletion(reply, service, model.prefix, raw, abort, client);
+        return tgiCompletionRoute(reply, service, model, chat, abort, client);
       });
 
-      async function call(service: Service, path: string, body: Buffer | string, abort: ClientAbort): Promise<UpstreamResponse> {
+      async function call(service: Service, path: string, body: Buffer | string, abort: ClientAbort, client: ForwardedClient): Promise<UpstreamResponse> {
         let res: UpstreamResponse;
         try {
-          res = await o.forward(service, { path, body, signal: abort });
+          res = await o.forward(service, { path, body, signal: abort, client });
         } catch (err) {
           throw toModelError(err);
         }
@@ -146,8 +150,8 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         return res;
       }
 
-      async function openaiCompletion(reply: FastifyReply, service: Service, prefix: string, raw: Buffer, abort: ClientAbort) {
-        const res = await call(service, completionsPath(prefix), raw, abort);
+      async function openaiCompletion(reply: FastifyReply, service: Service, prefix: string, raw: Buffer, abort: ClientAbort, client: ForwardedClient) {
+        const res = await call(service, completionsPath(prefix), raw, abort, client);
         const type = headerValue(res.headers['content-type']) ?? 'application/json';
         const sse = type.startsWith('text/event-stream');
         void reply.code(res.status).header('content-type', type);
@@ -160,7 +164,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         return reply.send(sse ? Readable.from(relay(body, abort)) : body);
       }
 
-      async function tgiCompletionRoute(reply: FastifyReply, service: Service, model: Extract<Service['model'], { format: 'tgi' }>, chat: ChatRequest, abort: ClientAbort) {
+      async function tgiCompletionRoute(reply: FastifyReply, service: Service, model: Extract<Service['model'], { format: 'tgi' }>, chat: ChatRequest, abort: ClientAbort, client: ForwardedClient) {
         const params = tgiParams(chat.body);
         if (!model.chatTemplate) throw new ModelApiError(400, `Model ${model.name} has no chat template`);
         const bosToken = model.bosToken ?? '';
@@ -169,7 +173,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         const stop = stopList(params.stop, model.eosToken);
         const payload = JSON.stringify(tgiPayload(prompt, params, stop, chat.stream));
         const ctx = { id: newId(), created: nowSec(), model: chat.model, stop };
-        const res = await call(service, chat.stream ? '/generate_stream' : '/generate', payload, abort);
+        const res = await call(service, chat.stream ? '/generate_stream' : '/generate', payload, abort, client);
         if (!chat.stream) {
           const text = await readCapped(res.body, Number.POSITIVE_INFINITY).catch((err: unknown) => {
             throw toModelError(err);

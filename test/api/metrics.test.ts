@@ -2,6 +2,7 @@
 // and the figures move (a reload → reload counter +1, requests → service counter).
 
 import type { Server } from 'node:http';
+import { join } from 'node:path';
 import Fastify, { type FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics, metricsRoutes, type Metrics } from '../../src/api/metrics.js';
@@ -101,7 +102,7 @@ beforeAll(async () => {
   httpPort = hp;
   echo = await startEcho('replica', { port: echoPort });
   const options = resolveOptions({
-    flags: { stateDir: tmp.dir, apiPort: '0', httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', logLevel: 'silent' },
+    flags: { stateDir: join(tmp.dir, 'state'), apiPort: '0', httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', logLevel: 'silent' },
   });
   gw = await startGateway(options);
   sc = createStatsCollector({ accessLogPath: gw.paths.accessLog, startAt: 'start' });

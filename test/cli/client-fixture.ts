@@ -1,6 +1,7 @@
 // Shared by the plan/apply/status tests: a real gateway (private Nginx, free ports on
 // 127.0.0.1, tmp state dir) and a captured Io to call a command's run() with.
 
+import { join } from 'node:path';
 import { pino } from 'pino';
 import type { Io } from '../../src/cli/command.js';
 import { startGateway, type Gateway, type GatewayDeps } from '../../src/gateway/gateway.js';
@@ -19,7 +20,7 @@ export async function startTestGateway(flags: Record<string, string> = {}, deps:
   const [apiPort, httpPort, httpsPort] = (await freePorts(3)) as [number, number, number];
   const options = resolveOptions({
     flags: {
-      stateDir: t.dir,
+      stateDir: join(t.dir, 'state'),
       apiHost: '127.0.0.1',
       apiPort: String(apiPort),
       listenHost: '127.0.0.1',

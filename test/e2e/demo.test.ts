@@ -1,5 +1,6 @@
 // The README's first command: `npm start` runs scripts/demo.mjs (after setup and build).
 import { spawn } from 'node:child_process';
+import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { request } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
@@ -13,7 +14,7 @@ describe('npm start (scripts/demo.mjs)', () => {
   it('serves the local example and prints the line to curl', async () => {
     const [httpPort, apiPort] = (await freePorts(2)) as [number, number];
     const child = spawn(process.execPath, ['scripts/demo.mjs'], {
-      env: { ...process.env, DEMO_HTTP_PORT: String(httpPort), DEMO_API_PORT: String(apiPort), DEMO_STATE_DIR: t.dir },
+      env: { ...process.env, DEMO_HTTP_PORT: String(httpPort), DEMO_API_PORT: String(apiPort), DEMO_STATE_DIR: join(t.dir, 'state') },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';

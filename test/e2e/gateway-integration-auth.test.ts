@@ -8,6 +8,7 @@ import { putState, type TestGateway } from '../helpers/gateway.js';
 import { close, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePorts } from '../helpers/ports.js';
+import { startTcpRelay } from '../helpers/tcp-relay.js';
 import {
   call,
   directReplica,
@@ -86,9 +87,19 @@ describe('auth through the control server', () => {
     expect(server.calls.length).toBe(before);
   });
 
-  it('lets requests from the gateway host itself through without a token', async () => {
-    const r = await call({ port: t.httpPort, host: PRIVATE, path: '/data' });
-    expect(r.status).toBe(200);
+  it('trusts no source address: a client relayed from 127.0.0.1 (a local TLS terminator) needs a token', async () => {
+    const relay = await startTcpRelay(t.httpPort);
+    try {
+      const via = (token?: string) =>
+        call({ port: relay.port, host: PRIVATE, path: '/data', localAddress: '127.0.0.2', ...(token ? { headers: { authorization: `Bearer ${token}` } } : {}) });
+      expect((await via()).status).toBe(401);
+      expect((await via(OUTSIDER)).status).toBe(403);
+      // Straight from 127.0.0.1 as well.
+      expect((await call({ port: t.httpPort, host: PRIVATE, path: '/data' })).status).toBe(401);
+      expect((await via(MEMBER)).status).toBe(200);
+    } finally {
+      await relay.close();
+    }
   });
 });
 
@@ -101,7 +112,7 @@ describe('stats for the autoscaler', () => {
   });
 
   it('does not count requests refused by auth', async () => {
-    // Replica hits so far: 1 member + 2 cached member + 1 local = 4. Refusals (401/403) are
+    // Replica hits so far: 1 member + 2 cached member + 1 relayed member = 4. Refusals (401/403) are
     // logged with hit 0; a request to another service afterwards marks the end of the batch.
     const before = await eventually(async () => {
       const v = await requestsIn30s(t, 'main', 'private');

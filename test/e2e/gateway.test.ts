@@ -96,7 +96,7 @@ describe('data path, idempotency and removal', () => {
     { run: 'beta', ports: [ports[2]], clientMaxBodySize: 1024 },
     { run: 'empty' },
     { run: 'limited', ports: [ports[2]], rateLimits: [{ prefix: '/', key: { type: 'ipAddress' }, rps: 0.1 }] },
-    // auth: true, so requests from 127.0.0.1 take the `allow 127.0.0.1` bypass of auth_request.
+    // auth: true: limit_req (preaccess phase) counts before auth_request (access phase) refuses.
     { run: 'limited-auth', auth: true, ports: [ports[2]], rateLimits: [{ prefix: '/', key: { type: 'ipAddress' }, rps: 0.1 }] },
   ];
 

@@ -149,7 +149,7 @@ export interface CallOptions {
   method?: string;
   headers?: Record<string, string>;
   body?: string;
-  /** Source address: 127.0.0.2 looks like a remote client to Nginx (127.0.0.1 skips auth). */
+  /** Source address, e.g. 127.0.0.2: another client address for Nginx's per-address limits. */
   localAddress?: string;
   /** PEM CA for HTTPS; without it the request is plain HTTP. */
   ca?: string;

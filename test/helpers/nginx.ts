@@ -32,7 +32,10 @@ export interface TestNginx {
 /** Write the main conf; start the process only when `start` is not false. */
 export async function startTestNginx(opts: { start?: boolean; main?: MainConfOptions } = {}): Promise<TestNginx> {
   const dir = await mkdtemp(join(tmpdir(), 'dp-nginx-'));
-  const paths = await writeMainConf(dir, opts.main);
+  // Tests of rendering and routing put their backends' sockets and webroots in a 0700 scratch
+  // dir, as this user: the workers run as the test's own user here. The gateway's workers and
+  // their access to its paths are tested on the gateway (test/e2e/gateway-nginx-worker.test.ts).
+  const paths = await writeMainConf(dir, { user: process.getuid?.() === 0 ? 'root' : null, ...opts.main });
   const [httpPort, httpsPort] = (await freePorts(2)) as [number, number];
   const events: NginxEvent[] = [];
   const proc = new NginxProcess({ paths, onEvent: (e) => events.push(e) });

@@ -1,5 +1,5 @@
-// The gateway's path with the real Nginx: the model API forwards through Nginx with the service's
-// Host (auth_request skipped for 127.0.0.1, counted in the access log the stats loop reads), and an
+// The gateway's path with the real Nginx: the model API forwards through Nginx's internal listener
+// with the service's Host (no auth_request there, counted in the access log the stats loop reads), and an
 // entrypoint site proxies `/` to `<apiUrl>/api/models/<project>/`. Sites rendered by the real
 // nginx loop renderer. The OpenAI SDK talks to the entrypoint domain through Nginx.
 
@@ -40,9 +40,11 @@ beforeAll(async () => {
   tgi = await startTgiReplica(() => gate);
   const doc: ProxyState = documentFor({ openai: oa.port, tgi: tgi.port });
   doc.spec.entrypoints.push({ project: 'main', domain: 'gateway.gw.test', https: false });
-  forwarder = nginxForwarder({ httpPort: nginx.httpPort });
+  const internalSocket = join(nginx.dir, 'internal', 'nginx.sock');
+  await mkdir(dirname(internalSocket), { mode: 0o700 });
+  forwarder = nginxForwarder({ socketPath: internalSocket });
   api = await startApi(doc, { forwarder });
-  const views = buildViews(doc, { httpPort: nginx.httpPort, httpsPort: nginx.httpsPort, apiUrl: api.baseUrl, acmeWebroot: nginx.acmeWebroot, accessLogPath: nginx.accessLogPath });
+  const views = buildViews(doc, { httpPort: nginx.httpPort, httpsPort: nginx.httpsPort, apiUrl: api.baseUrl, acmeWebroot: nginx.acmeWebroot, accessLogPath: nginx.accessLogPath, internalSocket });
   for (const [name, text] of renderAll(views)) {
     const path = join(nginx.paths.confDir, name);
     await mkdir(dirname(path), { recursive: true });
@@ -73,7 +75,7 @@ function entrypointClient(token = 'good'): OpenAI {
 }
 
 describe('through the gateway’s Nginx', () => {
-  it('forwards with the service’s Host, past auth_request, and is counted in the access log', async () => {
+  it('forwards with the service’s Host on the internal listener, and is counted in the access log', async () => {
     const before = oa.received.length;
     const res = await api.client().chat.completions.create({ model: 'org/oa-model', messages: user });
     expect(res.choices[0]!.message.content).toBe('Hello world');

@@ -1,7 +1,7 @@
 // The private Nginx: its main conf, `nginx -t`, and a supervised master process. Also the
 // system-mode counterparts (an operator-managed Nginx reloaded by a command).
 
-import { mkdir, open, readFile, readdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, stat, unlink, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
@@ -9,20 +9,29 @@ import { ProxyError } from '../../errors.js';
 import { GLOBAL_FILE, SITES_SUBDIR, quote } from './names.js';
 
 export const DEFAULT_NGINX_BIN = '/usr/sbin/nginx';
+export const DEFAULT_WORKER_USER = 'www-data';
 
 export interface MainConfOptions {
   /** The managed conf dir (global file + sites/). Default <dir>/conf.d. */
   confDir?: string;
   workerProcesses?: number | 'auto';
   workerConnections?: number;
-  /** Default 'root' when running as root (workers must reach root-owned Unix sockets), else none. */
+  /**
+   * The user the workers run as: they face the internet, so when the master runs as root it is
+   * DEFAULT_WORKER_USER unless told otherwise; not root, no `user` line (Nginx could not switch).
+   * The workers then reach by path only what the gateway gives that user: see src/gateway/nginx-worker.ts.
+   */
   user?: string | null;
+  /** Where client_body_temp and the other temp dirs go (the workers write there). Default <dir>/tmp. */
+  tempDir?: string;
   /** Must be notice or more verbose: NginxProcess.reload() reads the reload outcome from it. */
   errorLogLevel?: 'debug' | 'info' | 'notice';
   /** Set server_names_hash_* here (1,000s of sites). Default true. */
   serverNamesHash?: boolean;
   /** How long old workers may keep serving long requests after a reload; null = forever. */
   workerShutdownTimeoutSec?: number | null;
+  /** Unix sockets the sites listen on: removed before each start (Nginx does not unlink before bind). */
+  unixListeners?: string[];
 }
 
 export interface NginxPaths {
@@ -31,6 +40,9 @@ export interface NginxPaths {
   confDir: string;
   pidPath: string;
   errorLogPath: string;
+  tempDir: string;
+  /** MainConfOptions.unixListeners. */
+  unixListeners?: string[];
 }
 
 const TEMP_KINDS = ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi'] as const;
@@ -39,19 +51,22 @@ const TEMP_KINDS = ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi'] as const;
 export function mainConfText(dir: string, opts: MainConfOptions = {}): { text: string; paths: NginxPaths } {
   const prefix = resolve(dir);
   const confDir = resolve(opts.confDir ?? join(prefix, 'conf.d'));
+  const tempDir = resolve(opts.tempDir ?? join(prefix, 'tmp'));
   const paths: NginxPaths = {
     prefix,
     confPath: join(prefix, 'nginx.conf'),
     confDir,
     pidPath: join(prefix, 'nginx.pid'),
     errorLogPath: join(prefix, 'logs', 'error.log'),
+    tempDir,
+    ...(opts.unixListeners ? { unixListeners: opts.unixListeners } : {}),
   };
-  const user = opts.user === undefined ? (process.getuid?.() === 0 ? 'root' : null) : opts.user;
+  const user = opts.user === undefined ? (process.getuid?.() === 0 ? DEFAULT_WORKER_USER : null) : opts.user;
   const workers = opts.workerProcesses ?? 1;
   if (workers !== 'auto' && (!Number.isInteger(workers) || workers < 1)) {
     throw new ProxyError('DP_ERR_BAD_OPTION', `workerProcesses must be a positive integer or "auto"`);
   }
-  const tmp = (k: string) => quote(join(prefix, 'tmp', k));
+  const tmp = (k: string) => quote(join(tempDir, k));
   const l = [
     '# main conf of the private Nginx run by dstack-proxy; rewritten at every start',
     `worker_processes ${workers};`,
@@ -84,7 +99,8 @@ export function mainConfText(dir: string, opts: MainConfOptions = {}): { text: s
 export async function writeMainConf(dir: string, opts: MainConfOptions = {}): Promise<NginxPaths> {
   const { text, paths } = mainConfText(dir, opts);
   await mkdir(join(paths.prefix, 'logs'), { recursive: true });
-  for (const k of TEMP_KINDS) await mkdir(join(paths.prefix, 'tmp', k), { recursive: true });
+  // Nginx's master makes the temp dirs its workers' own at start (when it switches users).
+  for (const k of TEMP_KINDS) await mkdir(join(paths.tempDir, k), { recursive: true, mode: 0o700 });
   await mkdir(join(paths.confDir, SITES_SUBDIR), { recursive: true });
   await writeFile(paths.confPath, text, { mode: 0o644 });
   return paths;
@@ -252,6 +268,8 @@ export class NginxProcess {
 
   private async spawn(): Promise<void> {
     const { paths, nginxBin } = this.o;
+    // A master killed outright leaves its socket files behind, and bind() would then fail.
+    for (const p of paths.unixListeners ?? []) await unlink(p).catch(() => undefined);
     const child = execa(nginxBin, ['-p', paths.prefix, '-c', paths.confPath, '-g', 'daemon off;'], {
       reject: false,
       stdin: 'ignore',

@@ -2,7 +2,7 @@
 //
 // How a request flows through a service site (and what $dstack_replica_hit logs):
 //   server level (rewrite phase): HTTP → HTTPS redirect, CORS preflight 204      → hit 0
-//   location <prefix>: access phase (allow 127.0.0.1 | auth_request) → 401/403  → hit 0
+//   location <prefix>: access phase (auth_request) → 401/403                      → hit 0
 //                      preaccess phase (limit_req) → 429                          → hit 0
 //                      try_files /nonexistent @dstack_replica (after both checks)
 //   location @dstack_replica: `set $dstack_replica_hit 1`, then proxy_pass, or 503 when the
@@ -10,6 +10,12 @@
 //                      and can scale from zero).
 // `set` runs in the rewrite phase, before access and limit_req; putting it in the named
 // location that try_files enters after both is what keeps 401/429 out of the hit count.
+//
+// No address is trusted: a TLS terminator or an SSH forward on the gateway host makes every
+// outside client 127.0.0.1. The gateway's own model API reaches a service through a second
+// server on the internal listener (a Unix socket in a directory only the gateway can enter):
+// that server has no auth_request (the model API checked the token) and no redirect, and takes
+// the client's address from X-Real-IP, which only the gateway can send there.
 
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
@@ -53,7 +59,7 @@ export function renderGlobal(v: GlobalView): string {
     l.push(
       ...block('server', [
         `listen ${v.listenHttp} default_server;`,
-        ...(v.listenLocal ? [`listen ${v.listenLocal} default_server;`] : []),
+        ...(v.listenInternal ? [`listen ${v.listenInternal} default_server;`] : []),
         'server_name _;',
         'access_log off;',
         ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`]),
@@ -81,7 +87,6 @@ export function renderSite(v: SiteView): string {
 
 function serverHead(v: SiteCommon): Lines {
   const l: Lines = [`server_name ${v.domain};`, `listen ${v.listenHttp};`];
-  if (v.listenLocal) l.push(`listen ${v.listenLocal};`);
   if (v.tls) {
     l.push(
       `listen ${v.tls.listen} ssl http2;`,
@@ -101,9 +106,8 @@ function redirectAndCors(v: SiteCommon): Lines {
   if (v.tls) {
     l.push(
       '',
-      '# HTTPS only, except ACME challenges and requests from the gateway itself.',
+      '# HTTPS only, except ACME challenges.',
       'set $dstack_redirect $scheme;',
-      ...block('if ($remote_addr = 127.0.0.1)', ['set $dstack_redirect local;']),
       ...block('if ($uri ~ "^/\\.well-known/acme-challenge/")', ['set $dstack_redirect acme;']),
       ...block('if ($dstack_redirect = http)', [`return 301 https://$host${v.tls.redirectPort}$request_uri;`]),
     );
@@ -161,7 +165,7 @@ function renderServiceSite(v: ServiceSiteView): string {
     );
   }
 
-  const body: Lines = [...serverHead(v), 'limit_req_status 429;', 'limit_req_log_level info;'];
+  const body: Lines = [...serverHead(v), 'limit_req_status 429;', 'limit_req_log_level info;', ...tryFilesRoot(v)];
   body.push(...redirectAndCors(v), ...acmeLocation(v));
 
   if (v.authUrl) {
@@ -179,43 +183,90 @@ function renderServiceSite(v: ServiceSiteView): string {
     );
   }
 
+  body.push(...locations(v, { auth: v.authUrl !== null }), '', ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: false })));
+  l.push(...block('server', body));
+  if (v.listenInternal) l.push('', ...internalServer(v, v.listenInternal));
+  return text(l);
+}
+
+/**
+ * try_files looks for /nonexistent under the root before it enters the replica location; the
+ * default root (<prefix>/html of a private Nginx) is inside the state dir, which the workers
+ * cannot enter: every request would log a [crit] EACCES. The ACME webroot is theirs to read.
+ */
+function tryFilesRoot(v: SiteCommon): Lines {
+  return [`root ${quote(v.acmeWebroot)};`];
+}
+
+/** The prefix locations: auth (public server only), then the limits, then the replica. */
+function locations(v: ServiceSiteView, o: { auth: boolean }): Lines {
+  const out: Lines = [];
   for (const loc of v.locations) {
     const lb: Lines = [];
-    if (v.authUrl) {
-      // Requests from the gateway itself (e.g. the model API) skip auth; everyone else needs a token.
-      lb.push('satisfy any;', 'allow 127.0.0.1;', 'deny all;', `auth_request ${AUTH_LOCATION};`);
-    }
+    if (o.auth) lb.push(`auth_request ${AUTH_LOCATION};`);
     for (const lim of loc.limits) {
       lb.push(lim.burst > 0 ? `limit_req zone=${lim.zone} burst=${lim.burst} nodelay;` : `limit_req zone=${lim.zone};`);
     }
     lb.push(`try_files /nonexistent ${REPLICA_LOCATION};`);
-    body.push('', ...block(`location ${quote(loc.prefix)}`, lb));
+    out.push('', ...block(`location ${quote(loc.prefix)}`, lb));
   }
+  return out;
+}
 
+function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
   const rb: Lines = ['set $dstack_replica_hit 1;'];
-  if (v.upstream) {
-    rb.push(
-      `proxy_pass http://${v.upstream.name};`,
-      'proxy_http_version 1.1;',
-      ...forwardedHeaders(),
-      'proxy_set_header Upgrade $http_upgrade;',
-      'proxy_set_header Connection $dstack_connection_upgrade;',
-    );
-    if (v.authUrl) rb.push('proxy_set_header Authorization "";');
-    rb.push(
-      `proxy_read_timeout ${v.proxyReadTimeoutSec}s;`,
-      `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`,
-      'proxy_buffering off;',
-      ...hideUpstreamCors(v),
-    );
-  } else {
+  if (!v.upstream) {
     const body503 = JSON.stringify({ detail: `Service ${v.serviceKey} has no ready replica` });
     rb.push('default_type application/json;', `return 503 ${quote(body503)};`);
+    return rb;
   }
-  body.push('', ...block(`location ${REPLICA_LOCATION}`, rb));
+  rb.push(`proxy_pass http://${v.upstream.name};`, 'proxy_http_version 1.1;');
+  if (o.internal) {
+    // The model API sends the client's forwarding chain (ending with the client) as is.
+    rb.push(
+      'proxy_set_header Host $host;',
+      'proxy_set_header X-Real-IP $remote_addr;',
+      'proxy_set_header X-Forwarded-For $http_x_forwarded_for;',
+      'proxy_set_header X-Forwarded-Proto $http_x_forwarded_proto;',
+    );
+  } else {
+    rb.push(...forwardedHeaders());
+  }
+  rb.push('proxy_set_header Upgrade $http_upgrade;', 'proxy_set_header Connection $dstack_connection_upgrade;');
+  // The gateway's token is not the replica's business; the model API never passes one on.
+  if (v.authUrl || o.internal) rb.push('proxy_set_header Authorization "";');
+  rb.push(
+    `proxy_read_timeout ${v.proxyReadTimeoutSec}s;`,
+    `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`,
+    'proxy_buffering off;',
+  );
+  if (!o.internal) rb.push(...hideUpstreamCors(v));
+  return rb;
+}
 
-  l.push(...block('server', body));
-  return text(l);
+/**
+ * The service on the internal listener, for the gateway's model API: the same limits and
+ * replica, no auth_request (the model API checked the token), no redirect or CORS. The client's
+ * address comes from X-Real-IP — set_real_ip_from unix: trusts it only on this socket, which
+ * only the gateway can connect to — so limits keyed by address count per client.
+ */
+function internalServer(v: ServiceSiteView, listen: string): Lines {
+  const body: Lines = [
+    `server_name ${v.domain};`,
+    `listen ${listen};`,
+    '',
+    `access_log ${quote(v.accessLogPath)} dstack_stat;`,
+    `client_max_body_size ${v.clientMaxBodySize};`,
+    'limit_req_status 429;',
+    'limit_req_log_level info;',
+    ...tryFilesRoot(v),
+    'set_real_ip_from unix:;',
+    'real_ip_header X-Real-IP;',
+    ...locations(v, { auth: false }),
+    '',
+    ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: true })),
+  ];
+  return ['# the same service for the gateway\'s own model API (internal listener)', ...block('server', body)];
 }
 
 function renderEntrypointSite(v: EntrypointSiteView): string {
@@ -227,6 +278,8 @@ function renderEntrypointSite(v: EntrypointSiteView): string {
       `proxy_pass ${v.target};`,
       'proxy_http_version 1.1;',
       ...forwardedHeaders(),
+      // The key that tells the model API this request came through its own Nginx, which set X-Real-IP.
+      ...(v.keyInclude ? [`include ${quote(v.keyInclude)};`] : []),
       'proxy_set_header Connection "";',
       `proxy_read_timeout ${v.proxyReadTimeoutSec}s;`,
       `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`,

@@ -44,6 +44,18 @@ export interface ViewOptions {
   defaultServer?: boolean;
   /** Put server_names_hash_* in the global file (when the main conf doesn't). Default false. */
   serverNamesHash?: boolean;
+  /**
+   * The gateway's internal listener: a Unix socket in a directory only the gateway can enter.
+   * Each service site gets a second server on it for the model API's requests: no auth_request,
+   * no redirect, the client address taken from X-Real-IP. Default none.
+   */
+  internalSocket?: string | null;
+  /**
+   * A file of `proxy_set_header` lines the entrypoint sites include: the key that tells the model
+   * API a request came through an entrypoint site (so its X-Real-IP is Nginx's, not a client's).
+   * Kept out of the site files so that plans and diffs never show it. Default none.
+   */
+  entrypointKeyInclude?: string | null;
 }
 
 export interface TlsView {
@@ -59,8 +71,8 @@ export interface SiteCommon {
   fileName: string;
   project: string;
   listenHttp: string;
-  /** 127.0.0.1:<http port> when listenHttp is another address: the gateway's own model calls come from there. */
-  listenLocal: string | null;
+  /** `unix:<path>` of the internal listener, or null. */
+  listenInternal: string | null;
   tls: TlsView | null;
   accessLogPath: string;
   acmeWebroot: string;
@@ -97,6 +109,8 @@ export interface EntrypointSiteView extends SiteCommon {
   kind: 'entrypoint';
   /** proxy_pass target: the model API of the project. */
   target: string;
+  /** Included in the proxying location (ViewOptions.entrypointKeyInclude), or null. */
+  keyInclude: string | null;
 }
 
 export type SiteView = ServiceSiteView | EntrypointSiteView;
@@ -105,7 +119,7 @@ export interface GlobalView {
   kind: 'global';
   fileName: string;
   listenHttp: string;
-  listenLocal: string | null;
+  listenInternal: string | null;
   listenHttps: string;
   acmeWebroot: string;
   defaultServer: boolean;
@@ -127,6 +141,13 @@ export function directUpstream(service: Service): UpstreamTarget {
     if (r.direct) servers.push(serverAddress(r.direct.host, r.direct.port));
   }
   return { kind: 'direct', servers };
+}
+
+/** `listen` argument of the internal listener; the path must fit a sockaddr_un (107 bytes). */
+export function internalListen(path: string): string {
+  if (!path.startsWith('/')) throw new ProxyError('DP_ERR_BAD_OPTION', `the internal socket path must be absolute, got ${path}`);
+  if (Buffer.byteLength(path) > 107) throw new ProxyError('DP_ERR_BAD_OPTION', `the internal socket path is longer than 107 bytes (a Unix socket limit): ${path}; use a shorter --state-dir`);
+  return `unix:${path}`;
 }
 
 function checkOptions(opts: ViewOptions): void {
@@ -154,7 +175,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
   const upstreamFor = opts.upstreamFor ?? directUpstream;
   const listenHttp = listenAddress(listenHost, opts.httpPort);
   const listenHttps = listenAddress(listenHost, opts.httpsPort);
-  const listenLocal = ['', '*', '0.0.0.0', '127.0.0.1'].includes(listenHost) ? null : listenAddress('127.0.0.1', opts.httpPort);
+  const listenInternal = opts.internalSocket ? internalListen(opts.internalSocket) : null;
   const redirectPort = opts.httpsPort === 443 ? '' : `:${opts.httpsPort}`;
 
   const common = (domain: string, project: string, https: boolean): SiteCommon => {
@@ -164,7 +185,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       fileName: fileNameFor({ kind: 'site', domain }),
       project,
       listenHttp,
-      listenLocal,
+      listenInternal,
       tls: cert ? { listen: listenHttps, certPath: cert.certPath, keyPath: cert.keyPath, redirectPort } : null,
       accessLogPath: opts.accessLogPath,
       acmeWebroot: opts.acmeWebroot,
@@ -179,7 +200,8 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
     if (!s.domain) continue; // in-server only
     sites.push(serviceSite(s, common(s.domain, s.project, s.https), upstreamFor(s), apiUrl));
   }
-  for (const e of state.spec.entrypoints) sites.push(entrypointSite(e, common(e.domain, e.project, e.https), apiUrl));
+  const keyInclude = opts.entrypointKeyInclude ?? null;
+  for (const e of state.spec.entrypoints) sites.push(entrypointSite(e, common(e.domain, e.project, e.https), apiUrl, keyInclude));
 
   const seen = new Set<string>();
   for (const site of sites) {
@@ -193,7 +215,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       kind: 'global',
       fileName: fileNameFor({ kind: 'global' }),
       listenHttp,
-      listenLocal,
+      listenInternal,
       listenHttps,
       acmeWebroot: opts.acmeWebroot,
       defaultServer: opts.defaultServer ?? true,
@@ -233,10 +255,11 @@ function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, api
   };
 }
 
-function entrypointSite(e: Entrypoint, common: SiteCommon, apiUrl: string): EntrypointSiteView {
+function entrypointSite(e: Entrypoint, common: SiteCommon, apiUrl: string, keyInclude: string | null): EntrypointSiteView {
   return {
     ...common,
     kind: 'entrypoint',
+    keyInclude,
     clientMaxBodySize: 64 * 1024 * 1024, // 64 MiB, the service default
     cors: true,
     target: `${apiUrl}/api/models/${e.project}/`,

@@ -16,25 +16,37 @@ import { emptyState } from '../../../src/spec/types.js';
 
 describe('mainConfText', () => {
   it('points every path into the state dir and includes the global file before the sites', () => {
-    const { text, paths } = mainConfText('/srv/dp', { user: 'root', workerProcesses: 'auto' });
+    const { text, paths } = mainConfText('/srv/dp', { user: 'nginx-w', workerProcesses: 'auto' });
     expect(paths).toEqual({
       prefix: '/srv/dp',
       confPath: '/srv/dp/nginx.conf',
       confDir: '/srv/dp/conf.d',
       pidPath: '/srv/dp/nginx.pid',
       errorLogPath: '/srv/dp/logs/error.log',
+      tempDir: '/srv/dp/tmp',
     });
     const lines = text.split('\n').map((l) => l.trim());
     for (const want of [
       'worker_processes auto;',
       'pid /srv/dp/nginx.pid;',
       'error_log /srv/dp/logs/error.log notice;',
-      'user root;',
+      'user nginx-w;',
       'proxy_temp_path /srv/dp/tmp/proxy;',
       'client_body_temp_path /srv/dp/tmp/body;',
       'server_names_hash_bucket_size 128;',
     ]) expect(lines).toContain(want);
     expect(lines.indexOf('include /srv/dp/conf.d/*.conf;')).toBeLessThan(lines.indexOf('include /srv/dp/conf.d/sites/*.conf;'));
+  });
+  it('runs the workers as www-data by default when the master runs as root, never as root', () => {
+    const text = mainConfText('/x').text;
+    if (process.getuid?.() === 0) expect(text).toContain('\nuser www-data;\n');
+    else expect(text).not.toContain('user ');
+    expect(text).not.toContain('user root');
+  });
+  it('puts the temp dirs where told (the workers write there)', () => {
+    const { text, paths } = mainConfText('/x', { tempDir: '/w/tmp' });
+    expect(paths.tempDir).toBe('/w/tmp');
+    expect(text).toContain('client_body_temp_path /w/tmp/body;');
   });
   it('omits user when told, and refuses a bad worker count', () => {
     expect(mainConfText('/x', { user: null }).text).not.toContain('user ');

@@ -13,6 +13,8 @@ const opts: ViewOptions = {
   accessLogPath: '/var/log/dstack-proxy/access.log',
   certFor: (d) => (d === 'llama-8b.gw.test' || d === 'gateway.gw.test' ? { certPath: `/certs/${d}/fullchain.pem`, keyPath: `/certs/${d}/privkey.pem` } : null),
   upstreamFor: (s) => (s.run === 'plain' ? { kind: 'socket', path: '/run/dstack-proxy/main.plain.sock' } : { kind: 'direct', servers: s.replicas.flatMap((r) => (r.direct ? [`${r.direct.host}:${r.direct.port}`] : [])) }),
+  internalSocket: '/var/lib/dstack-proxy/nginx-internal/nginx.sock',
+  entrypointKeyInclude: '/var/lib/dstack-proxy/nginx-internal/entrypoint-key.conf',
 };
 const views = buildViews(sampleState(8001), opts);
 const site = (domain: string): SiteView => {
@@ -26,6 +28,29 @@ function expectLines(text: string, want: string[]): void {
   const have = new Set(linesOf(text));
   for (const w of want) expect(have, `missing line: ${w}`).toContain(w);
 }
+
+/** The top-level `server { … }` blocks of a file, each as its text. */
+function serverBlocks(text: string): string[] {
+  const out: string[] = [];
+  const lines = text.split('\n');
+  for (let i = 0; i < lines.length; i++) {
+    if (lines[i] !== 'server {') continue;
+    const end = lines.indexOf('}', i);
+    out.push(lines.slice(i, end + 1).join('\n'));
+    i = end;
+  }
+  return out;
+}
+
+/** The `location <name> { … }` blocks of a server block, by name. */
+function locationBlocks(server: string): Map<string, string> {
+  const out = new Map<string, string>();
+  const re = /^ {4}location (.+) \{\n((?: {8}.*\n|\n)*?) {4}\}$/gm;
+  for (const m of server.matchAll(re)) out.set(m[1]!, m[2]!);
+  return out;
+}
+
+const INTERNAL = 'listen unix:/var/lib/dstack-proxy/nginx-internal/nginx.sock;';
 
 describe('snapshots', () => {
   for (const [name, text] of renderAll(views)) {
@@ -62,6 +87,9 @@ describe('global file', () => {
   it('has a default server: 404 except ACME challenges; TLS handshakes for unknown names rejected', () => {
     expectLines(text, ['listen 80 default_server;'.replace('80', '127.0.0.1:80'), 'location ^~ /.well-known/acme-challenge/ {', 'root /var/lib/dstack-proxy/acme;', 'return 404;', 'listen 127.0.0.1:443 ssl http2 default_server;', 'ssl_reject_handshake on;']);
   });
+  it('answers unknown hosts on the internal listener with 404 too', () => {
+    expectLines(text, ['listen unix:/var/lib/dstack-proxy/nginx-internal/nginx.sock default_server;']);
+  });
   it('can leave the default server and hash sizes to the operator', () => {
     const t = renderGlobal({ ...views.global, defaultServer: false, serverNamesHash: true });
     expect(t).not.toContain('default_server');
@@ -79,9 +107,17 @@ describe('service site', () => {
       'ssl_certificate /certs/llama-8b.gw.test/fullchain.pem;',
       'ssl_certificate_key /certs/llama-8b.gw.test/privkey.pem;',
       'return 301 https://$host$request_uri;',
-      'if ($remote_addr = 127.0.0.1) {',
       'if ($uri ~ "^/\\.well-known/acme-challenge/") {',
     ]);
+  });
+  it('trusts no source address: no allow/satisfy, no redirect exemption by address, no realip on the public server', () => {
+    for (const t of renderAll(views).values()) {
+      expect(t).not.toMatch(/\ballow\b|\bsatisfy\b|\$remote_addr =|127\.0\.0\.1;/);
+    }
+    const [pub] = serverBlocks(text);
+    expect(pub).not.toContain('set_real_ip_from');
+    expect(pub).not.toContain('real_ip_header');
+    expect(pub).not.toContain('unix:/var/lib/dstack-proxy/nginx-internal');
   });
   it('renders HTTP only without a Ready cert', () => {
     const t = renderSite(site('empty.gw.test'));
@@ -101,11 +137,11 @@ describe('service site', () => {
       'limit_req_status 429;',
     ]);
   });
-  it('authenticates with auth_request, bypassed from 127.0.0.1, and strips the token', () => {
+  it('authenticates every public location with auth_request, and strips the token', () => {
+    const [pub] = serverBlocks(text);
+    const locs = locationBlocks(pub!);
+    for (const prefix of ['/', '/v1/chat']) expect(locs.get(prefix), prefix).toContain('auth_request /_dstack_auth;');
     expectLines(text, [
-      'satisfy any;',
-      'allow 127.0.0.1;',
-      'deny all;',
       'auth_request /_dstack_auth;',
       'location = /_dstack_auth {',
       'internal;',
@@ -144,6 +180,43 @@ describe('service site', () => {
     expectLines(t, ['default_type application/json;', `return 503 '{"detail":"Service main/empty has no ready replica"}';`]);
     expect(t).not.toContain('upstream');
   });
+  it('serves the gateway\'s model API on the internal listener: same limits and replica, no auth, address from X-Real-IP', () => {
+    const blocks = serverBlocks(text);
+    expect(blocks).toHaveLength(2);
+    const internal = blocks[1]!;
+    expectLines(internal, [
+      'server_name llama-8b.gw.test;',
+      INTERNAL,
+      'set_real_ip_from unix:;',
+      'real_ip_header X-Real-IP;',
+      'limit_req_status 429;',
+      'access_log /var/log/dstack-proxy/access.log dstack_stat;',
+      'client_max_body_size 1048576;',
+      'limit_req zone=dstack.main.llama-8b.0.binary_remote_addr burst=20 nodelay;',
+      'limit_req zone=dstack.main.llama-8b.1.binary_remote_addr burst=5 nodelay;',
+      'limit_req zone=dstack.main.llama-8b.2.http_x_api_key;',
+      'proxy_pass http://dstack.main.llama-8b;',
+      'proxy_set_header X-Real-IP $remote_addr;',
+      'proxy_set_header X-Forwarded-For $http_x_forwarded_for;',
+      'proxy_set_header Authorization "";',
+    ]);
+    // Only the internal server listens there, and it is the only one without the checks.
+    expect(internal.match(/^ {4}listen /gm)).toHaveLength(1);
+    expect(internal).not.toContain('auth_request');
+    expect(internal).not.toContain('return 301');
+    expect(internal).not.toContain('listen 127.0.0.1');
+    expect([...locationBlocks(internal).keys()].sort()).toEqual(['/', '/v1/chat', '@dstack_replica']);
+    // Every service site has one, proxying to its own upstream or answering 503.
+    expectLines(renderSite(site('plain.gw.test')), [INTERNAL, 'proxy_pass http://dstack.main.plain;']);
+    expectLines(renderSite(site('empty.gw.test')), [INTERNAL, 'default_type application/json;']);
+  });
+  it('gives try_files a root the workers can enter (the ACME webroot), on both servers', () => {
+    for (const server of serverBlocks(text)) expect(linesOf(server)).toContain('root /var/lib/dstack-proxy/acme;');
+  });
+  it('renders no internal server without an internal socket', () => {
+    const t = renderAll(buildViews(sampleState(8001), { ...opts, internalSocket: null }));
+    for (const text of t.values()) expect(text).not.toContain('unix:/var/lib/dstack-proxy/nginx-internal');
+  });
   it('renders a Unix-socket upstream', () => {
     expectLines(renderSite(site('plain.gw.test')), ['server unix:/run/dstack-proxy/main.plain.sock;', 'keepalive 64;']);
   });
@@ -159,6 +232,10 @@ describe('entrypoint site', () => {
       'location / {',
       'proxy_pass http://127.0.0.1:8000/api/models/main/;',
       'proxy_buffering off;',
+      'proxy_set_header X-Real-IP $remote_addr;',
+      'include /var/lib/dstack-proxy/nginx-internal/entrypoint-key.conf;',
     ]);
+    // The model API does not need it on the internal listener: it calls services, not itself.
+    expect(text).not.toContain('unix:');
   });
 });

@@ -1,6 +1,7 @@
 // The rendered config on a real Nginx: Host routing to a direct upstream and to a Unix socket,
-// auth_request with the 127.0.0.1 bypass (satisfy any), HTTPS redirect, ACME webroot, rate
-// limits, CORS, WebSocket upgrade, 503 without replicas, and what $dstack_replica_hit logs.
+// auth_request for every TCP client (127.0.0.1 included) and none on the internal listener,
+// HTTPS redirect, ACME webroot, rate limits, CORS, WebSocket upgrade, 503 without replicas, and
+// what $dstack_replica_hit logs.
 
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { createServer, request as httpRequest, type Server } from 'node:http';
@@ -13,9 +14,25 @@ import { buildViews, directUpstream } from '../../../src/reconcilers/nginx/view.
 import { close, request, startEcho } from '../../helpers/http.js';
 import { eventually, startTestNginx, type TestNginx } from '../../helpers/nginx.js';
 import { freePorts } from '../../helpers/ports.js';
+import { startTcpRelay } from '../../helpers/tcp-relay.js';
 import { sampleState, service } from './fixtures.js';
 
-const REMOTE = '127.0.0.2'; // a source address Nginx sees as "not the gateway itself"
+const REMOTE = '127.0.0.2'; // a client address other than the gateway host's own
+let internalSocket: string;
+
+/** A request on the internal listener, as the gateway's model API sends it. */
+function internal(o: { host: string; path: string; headers?: Record<string, string> }): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest({ socketPath: internalSocket, path: o.path, headers: { host: o.host, ...o.headers }, agent: false });
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
 
 let ng: TestNginx;
 let backend: Server;
@@ -49,6 +66,8 @@ beforeAll(async () => {
   await mkdir(join(ng.acmeWebroot, '.well-known/acme-challenge'), { recursive: true });
   await writeFile(join(ng.acmeWebroot, '.well-known/acme-challenge/tok'), 'challenge-ok');
 
+  internalSocket = join(ng.dir, 'internal', 'nginx.sock');
+  await mkdir(join(ng.dir, 'internal'), { mode: 0o700 });
   const state = sampleState(backendPort);
   state.spec.services.push(service({ run: 'sock', domain: 'sock.gw.test', replicas: [] }));
   const views = buildViews(state, {
@@ -59,6 +78,7 @@ beforeAll(async () => {
     accessLogPath: ng.accessLogPath,
     certFor: (d) => (d === 'llama-8b.gw.test' ? { certPath: join(certDir, 'cert.pem'), keyPath: join(certDir, 'key.pem') } : null),
     upstreamFor: (s) => (s.run === 'sock' ? { kind: 'socket', path: sock } : directUpstream(s)),
+    internalSocket,
   });
   const plan = await planFiles(renderAll(views), ng.paths.confDir);
   const r = await applyFiles({ plan, sitesDir: ng.paths.confDir, mainConfPath: ng.paths.confPath, test: ng.test, reload: ng.reload });
@@ -121,14 +141,15 @@ describe('TLS, redirect and auth', () => {
   const https = (o: { path?: string; headers?: Record<string, string>; method?: string }) =>
     request({ port: ng.httpsPort, host: 'llama-8b.gw.test', ca, localAddress: REMOTE, ...o });
 
-  it('redirects remote HTTP to HTTPS but not ACME challenges or 127.0.0.1', async () => {
+  it('redirects HTTP to HTTPS, from 127.0.0.1 too, but not ACME challenges nor the internal listener', async () => {
     const r = await request({ port: ng.httpPort, host: 'llama-8b.gw.test', path: '/x?y=1', localAddress: REMOTE });
     expect(r.status).toBe(301);
     expect(r.headers.location).toBe(`https://llama-8b.gw.test:${ng.httpsPort}/x?y=1`);
     const acme = await request({ port: ng.httpPort, host: 'llama-8b.gw.test', path: '/.well-known/acme-challenge/tok', localAddress: REMOTE });
     expect(acme.body).toBe('challenge-ok');
     const local = await request({ port: ng.httpPort, host: 'llama-8b.gw.test', path: '/local' });
-    expect(local.status).toBe(200);
+    expect(local.status).toBe(301);
+    expect((await internal({ host: 'llama-8b.gw.test', path: '/internal-http' })).status).toBe(200);
   });
 
   it('requires a token from remote clients (auth_request) and strips it toward the replica', async () => {
@@ -142,11 +163,40 @@ describe('TLS, redirect and auth', () => {
     expect(authCalls.at(-1)).toEqual({ authorization: 'Bearer good', url: '/api/auth/main' });
   });
 
-  it('lets requests from 127.0.0.1 through without a token (satisfy any)', async () => {
+  it('requires a token from 127.0.0.1 like from anywhere else', async () => {
+    const r = await request({ port: ng.httpsPort, host: 'llama-8b.gw.test', ca, path: '/from-loopback' });
+    expect(r.status).toBe(401);
+  });
+
+  it('lets the internal listener through without a token, with the client address from X-Real-IP', async () => {
     const before = authCalls.length;
-    const r = await request({ port: ng.httpsPort, host: 'llama-8b.gw.test', ca, path: '/from-gateway' });
+    const r = await internal({ host: 'llama-8b.gw.test', path: '/from-gateway', headers: { 'x-real-ip': '192.0.2.7', 'x-forwarded-for': '198.51.100.1, 192.0.2.7', authorization: 'Bearer leaked' } });
     expect(r.status).toBe(200);
-    expect(authCalls.length).toBe(before); // allow matched first: no subrequest
+    expect(authCalls.length).toBe(before); // no auth subrequest at all
+    const echo = JSON.parse(r.body) as Echo;
+    expect(echo.headers).toMatchObject({ 'x-real-ip': '192.0.2.7', 'x-forwarded-for': '198.51.100.1, 192.0.2.7' });
+    expect(echo.headers.authorization).toBeUndefined();
+  });
+
+  it('gives a client relayed from 127.0.0.1 (a local TLS terminator) the redirect and 401 without a token', async () => {
+    const plain = await startTcpRelay(ng.httpPort);
+    const tls = await startTcpRelay(ng.httpsPort);
+    try {
+      const r = await request({ port: plain.port, host: 'llama-8b.gw.test', path: '/relayed', localAddress: REMOTE });
+      expect(r.status).toBe(301);
+      const before = authCalls.length;
+      const t = await request({ port: tls.port, host: 'llama-8b.gw.test', ca, path: '/relayed', localAddress: REMOTE });
+      expect(t.status).toBe(401);
+      expect(authCalls.length).toBe(before + 1);
+    } finally {
+      await plain.close();
+      await tls.close();
+    }
+  });
+
+  it('does not take X-Real-IP from TCP clients', async () => {
+    const r = await request({ port: ng.httpPort, host: 'plain.gw.test', localAddress: REMOTE, headers: { 'x-real-ip': '192.0.2.9' } });
+    expect((JSON.parse(r.body) as Echo).headers['x-real-ip']).toBe(REMOTE);
   });
 
   it('answers CORS preflight with 204 and adds CORS headers to replies', async () => {
