@@ -5,7 +5,7 @@
 // takes it.
 
 import { Readable } from 'node:stream';
-import { headerObject, Http1Error, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
+import { headerObject, Http1Error, withErrorPath, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
 import type { ClientAbort, UpstreamResponse } from './forwarders.js';
 
 /** A non-streaming answer up to this size is read whole before the promise resolves. */
@@ -56,13 +56,16 @@ class AnswerHandler implements Http1Handler {
       this.#headers = headers;
       return;
     }
-    const body = new Readable({
-      read: () => this.exchange?.resume(),
-      destroy: (err, cb) => {
-        if (!this.#settled) this.exchange?.abort(err ?? new Http1Error('DP_HTTP1_ABORTED', 'the response body was destroyed'));
-        cb(err);
-      },
-    });
+    // Destroyed with the replica's failure, perhaps before the plugin has begun to read it.
+    const body = withErrorPath(
+      new Readable({
+        read: () => this.exchange?.resume(),
+        destroy: (err, cb) => {
+          if (!this.#settled) this.exchange?.abort(err ?? new Http1Error('DP_HTTP1_ABORTED', 'the response body was destroyed'));
+          cb(err);
+        },
+      }),
+    );
     this.#body = body;
     this.resolve({ status, headers, body });
   }

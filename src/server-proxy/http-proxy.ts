@@ -17,9 +17,9 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import { performance } from 'node:perf_hooks';
-import { Readable } from 'node:stream';
+import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import type { Logger } from 'pino';
-import type { Http1Exchange, Http1Handler } from '../http1/index.js';
+import { withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
 import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
@@ -86,12 +86,33 @@ export function sendDetail(req: ProxyRequest, res: ProxyResponse, status: number
   res.end(body);
 }
 
-async function* limited(body: Readable, limit: number): AsyncGenerator<Buffer> {
-  let n = 0;
-  for await (const chunk of body as AsyncIterable<Buffer>) {
-    n += chunk.length;
-    if (n > limit) throw new BodyTooLargeError(limit);
-    yield chunk;
+/**
+ * A body without a length (chunked), counted against clientMaxBodySize on its way up. It owns
+ * its failures for its whole life: the client hanging up mid-body destroys it with an error, and
+ * that error has a listener even when nobody reads the body any more (the replica answered
+ * early, or the exchange was aborted).
+ */
+class LimitedBody extends Transform {
+  #n = 0;
+
+  constructor(
+    source: IncomingMessage,
+    private readonly limit: number,
+  ) {
+    super();
+    withErrorPath(this);
+    source.on('error', (err: Error) => this.destroy(err));
+    // A request that closes before its last byte: the body ends with an error, not a short 'end'.
+    source.once('close', () => {
+      if (!source.complete) this.destroy(new ClientClosedError('the client closed the connection mid-body'));
+    });
+    source.pipe(this);
+  }
+
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, cb: TransformCallback): void {
+    this.#n += chunk.length;
+    if (this.#n > this.limit) cb(new BodyTooLargeError(this.limit));
+    else cb(null, chunk);
   }
 }
 
@@ -134,7 +155,7 @@ function relay(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyResponse, cli
   if (req.bufferedBody !== undefined) body = req.bufferedBody.length > 0 ? req.bufferedBody : null;
   else if (hasBody(req)) {
     const stream = req as IncomingMessage; // no bufferedBody: Node's request, the body stream itself
-    body = limit > 0 && req.headers['content-length'] === undefined ? Readable.from(limited(stream, limit), { objectMode: false }) : stream;
+    body = limit > 0 && req.headers['content-length'] === undefined ? new LimitedBody(stream, limit) : stream;
   }
 
   // 3. Relay: headers and body as they come.

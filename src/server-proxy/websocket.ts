@@ -24,6 +24,9 @@ export interface UpgradeContext extends HttpProxyContext {
 }
 
 export function rawReply(socket: Duplex, status: number, headers: Record<string, string>, body = ''): void {
+  // An upgraded socket has left Node's server and its error listener: a client resetting it while
+  // the answer is written must not become an uncaught 'error'.
+  socket.on('error', () => socket.destroy());
   const lines = [`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}`];
   for (const [k, v] of Object.entries({ ...headers, 'Content-Length': String(Buffer.byteLength(body)), Connection: 'close' })) lines.push(`${k}: ${v}`);
   // Upgrade sockets are half-open capable: do not wait for the client to hang up.
