@@ -181,6 +181,18 @@ describe('a client that hangs up fails its own request only', () => {
     await answersNormally();
   });
 
+  it('WebSocket upgrades, refused (404) or proxied, reset by the client at once', async () => {
+    for (let i = 0; i < 20; i++) {
+      const c = new Client();
+      const path = i % 2 ? '/nope/ws' : '/proxy/services/t/pub/ws';
+      c.write(`GET ${path} HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`);
+      await new Promise((r) => setImmediate(r));
+      c.socket.resetAndDestroy();
+      await c.closed;
+    }
+    await answersNormally();
+  });
+
   it('a chunked body passing clientMaxBodySize before any answer is a 413', async () => {
     const c = new Client();
     const big = 'y'.repeat(SMALL_LIMIT * 2);
