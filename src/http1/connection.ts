@@ -164,8 +164,8 @@ export class Http1Connection implements ResponseSink {
   }
 
   // ResponseSink: the parser calls these for the exchange in flight.
-  onHead(status: number, statusText: string, headers: string[]): void {
-    this.ex!.handler.onResponseStart(status, statusText, headers);
+  onHead(status: number, statusText: string, headers: string[], contentLength: number): void {
+    this.ex!.handler.onResponseStart(status, statusText, headers, contentLength);
   }
 
   onBody(chunk: Buffer, last: boolean): void {

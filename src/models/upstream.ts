@@ -46,11 +46,11 @@ class AnswerHandler implements Http1Handler {
     private readonly reject: (err: Error) => void,
   ) {}
 
-  onResponseStart(status: number, _statusText: string, raw: string[]): void {
+  onResponseStart(status: number, _statusText: string, raw: string[], contentLength: number): void {
     const headers = headerObject(raw);
     const type = headers['content-type'];
-    const length = headers['content-length'];
-    const whole = typeof length === 'string' && Number(length) <= MAX_WHOLE_BODY && !(typeof type === 'string' && type.startsWith('text/event-stream'));
+    // The length the parser frames the body by (checked), not the replica's header.
+    const whole = contentLength >= 0 && contentLength <= MAX_WHOLE_BODY && !(typeof type === 'string' && type.startsWith('text/event-stream'));
     if (whole) {
       this.#status = status;
       this.#headers = headers;

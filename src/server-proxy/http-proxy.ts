@@ -199,8 +199,12 @@ class RelayHandler implements Http1Handler {
     this.exchange?.resume();
   };
 
-  onResponseStart(statusCode: number, statusText: string, headers: string[]): void {
-    this.res.writeHead(statusCode, STATUS_CODES[statusCode] ?? (statusText || 'Unknown'), downstreamRawHeaders(headers));
+  onResponseStart(statusCode: number, statusText: string, headers: string[], contentLength: number): void {
+    // Framed by us: the replica's Content-Length and Transfer-Encoding are dropped, and the length
+    // the parser checked goes out (else the response is chunked or, for HTTP/1.0, closed).
+    const out = downstreamRawHeaders(headers);
+    if (contentLength >= 0) out.push('Content-Length', String(contentLength));
+    this.res.writeHead(statusCode, STATUS_CODES[statusCode] ?? (statusText || 'Unknown'), out);
   }
 
   onResponseData(chunk: Buffer, last: boolean): boolean {

@@ -26,9 +26,10 @@ beforeAll(async () => {
   const doc = integrationDoc({
     services: [
       { run: 'oa', domain: 'oa.gw.test', auth: true, model: { name: 'oa-model', format: 'openai', prefix: '/v1' }, replicas: [directReplica('oa-0', oa.port)] },
-      { run: 'tg', domain: 'tg.gw.test', auth: true, model: { name: 'tgi-model', format: 'tgi', chatTemplate: CHATML, eosToken: '<|im_end|>' }, replicas: [directReplica('tg-0', tgi.port)] },
+      { run: 'tg', domain: 'tg.gw.test', auth: true, replicas: [directReplica('tg-0', tgi.port)] },
     ],
-  });
+  }) as { spec: { services: Record<string, unknown>[] } };
+  doc.spec.services[1]!.model = { name: 'tgi-model', format: 'tgi', chatTemplate: CHATML, eosToken: '<|im_end|>' };
   const r = await putState(t, doc);
   expect(r.status, r.body).toBe(200);
   await eventually(async () => ((await chat('oa-model', false)).status === 200 ? true : undefined), 15_000);
