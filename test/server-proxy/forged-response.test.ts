@@ -125,7 +125,7 @@ describe.each(Object.entries(PATHS))('a forged replica answer on %s', (_path, re
     expect(responses.map((r) => r.body).slice(1)).toEqual(['real:/next', 'real:/last']);
     expect(text).not.toContain('smuggled');
     // The connection that lied was closed: the requests after it came on others.
-    const conn = (suffix: string): number | undefined => seen.findLast((r) => r.target.endsWith(suffix))?.conn;
+    const conn = (suffix: string): number | undefined => [...seen].reverse().find((r) => r.target.endsWith(suffix))?.conn;
     expect(conn('/next')).not.toBe(conn(`/evil/${name}`));
     expect(conn('/last')).not.toBe(conn(`/evil/${name}`));
   });
