@@ -21,6 +21,7 @@ export const ERRORS = {
   DP_ERR_STATE_UNAVAILABLE: { status: 503, message: 'The state database is unreachable' },
   DP_ERR_INTERNAL: { status: 500, message: 'Internal error' },
   DP_ERR_BAD_OPTION: { status: 500, message: 'Invalid option' },
+  DP_ERR_DUPLICATE_HOST: { status: 400, message: 'The request has more than one Host header' },
 } as const satisfies Record<string, ErrorDef>;
 
 export type ErrorCode = keyof typeof ERRORS;

@@ -4,3 +4,4 @@ export { headerObject, request, type Http1Response, type Http1RequestOptions } f
 export { ResponseParser, ResponseParseError, DEFAULT_MAX_HEADER_SIZE, type ResponseSink } from './parser.js';
 export { Http1Error, type Http1ErrorCode, type Http1Exchange, type Http1Handler, type Http1Request } from './types.js';
 export { withErrorPath } from './streams.js';
+export { hasDuplicateHost } from './field.js';

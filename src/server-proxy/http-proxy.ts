@@ -19,7 +19,7 @@ import { STATUS_CODES } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import type { Logger } from 'pino';
-import { withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
+import { hasDuplicateHost, withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
 import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
@@ -119,6 +119,8 @@ class LimitedBody extends Transform {
 /** Proxy one request; never throws (failures become a JSON answer or a cut connection). */
 export function proxyHttp(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyResponse, clientIp: string, proto: string): void {
   const started = performance.now();
+  // Node's parser keeps both; the raw path's refuses them (and hands the request here through Node).
+  if (req.bufferedBody === undefined && hasDuplicateHost(req.rawHeaders)) return sendDetail(req, res, 400, 'More than one Host header');
   const t = parseProxyTarget(req.url ?? '/');
   if (!t) return sendDetail(req, res, 404, 'Not Found');
   if (t.rest === '') {

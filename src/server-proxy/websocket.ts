@@ -10,6 +10,7 @@ import { STATUS_CODES } from 'node:http';
 import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
+import { hasDuplicateHost } from '../http1/index.js';
 import { admit } from './admit.js';
 import { upstreamRequestHeaders } from './headers.js';
 import type { HttpProxyContext } from './http-proxy.js';
@@ -47,6 +48,7 @@ export function handleUpgrade(ctx: UpgradeContext, req: IncomingMessage, socket:
   socket.on('error', () => socket.destroy());
   void (async () => {
     const started = performance.now();
+    if (hasDuplicateHost(req.rawHeaders)) return rawDetail(socket, 400, 'More than one Host header');
     if (t.rest === '') {
       const host = req.headers.host;
       return rawReply(socket, 308, { Location: `${host ? `${proto}://${host}` : ''}${t.path}/${t.query}` });
