@@ -22,6 +22,7 @@ export const ERRORS = {
   DP_ERR_INTERNAL: { status: 500, message: 'Internal error' },
   DP_ERR_BAD_OPTION: { status: 500, message: 'Invalid option' },
   DP_ERR_OPEN_API: { status: 500, message: 'The management API would be open on a non-loopback address' },
+  DP_ERR_DUPLICATE_HOST: { status: 400, message: 'The request has more than one Host header' },
 } as const satisfies Record<string, ErrorDef>;
 
 export type ErrorCode = keyof typeof ERRORS;

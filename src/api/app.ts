@@ -2,6 +2,8 @@
 
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
+import { ProxyError } from '../errors.js';
+import { hasDuplicateHost } from '../http1/index.js';
 import { MAX_DOCUMENT_BYTES } from '../spec/index.js';
 import { tokenGuard } from './api-token.js';
 import { installErrorHandlers } from './errors.js';
@@ -35,6 +37,11 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     logController: new LogController({ disableRequestLogging: true }),
   });
   installErrorHandlers(app);
+  // Two Host headers make the target ambiguous (RFC 9112 §3.2): refused on every route, as Nginx does.
+  app.addHook('onRequest', async (request, reply) => {
+    if (hasDuplicateHost(request.raw.rawHeaders)) return reply.code(400).send(new ProxyError('DP_ERR_DUPLICATE_HOST').toJSON());
+    return undefined;
+  });
   const guard = tokenGuard(options.apiToken);
 
   if (options.management !== false) await app.register(stateRoutes, { runtime, guard });

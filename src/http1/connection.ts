@@ -7,6 +7,7 @@
 
 import type { Duplex, Readable } from 'node:stream';
 import { ResponseParser, type ResponseSink } from './parser.js';
+import { withErrorPath } from './streams.js';
 import { Http1Error, type Http1Exchange, type Http1Handler, type Http1Request } from './types.js';
 
 /** What a connection needs from its pool. */
@@ -163,8 +164,8 @@ export class Http1Connection implements ResponseSink {
   }
 
   // ResponseSink: the parser calls these for the exchange in flight.
-  onHead(status: number, statusText: string, headers: string[]): void {
-    this.ex!.handler.onResponseStart(status, statusText, headers);
+  onHead(status: number, statusText: string, headers: string[], contentLength: number): void {
+    this.ex!.handler.onResponseStart(status, statusText, headers, contentLength);
   }
 
   onBody(chunk: Buffer, last: boolean): void {
@@ -302,10 +303,19 @@ class BodyWriter {
     /** -1: chunked. */
     private readonly length: number,
   ) {
+    // stop() takes this writer's listeners off, but the body lives on (a client still sending,
+    // or hanging up later): it keeps an error path of its own.
+    withErrorPath(body);
     body.on('data', this.#onData);
     body.on('end', this.#onEnd);
     body.on('error', this.#onError);
     body.on('close', this.#onClose);
+    if (body.destroyed) {
+      // It failed while the request waited for a connection: its 'error' and 'close' are past.
+      const err = body.errored ?? new Http1Error('DP_HTTP1_ABORTED', 'the request body ended early');
+      process.nextTick(() => this.#fail(err));
+      return;
+    }
     if (body.isPaused()) body.resume();
   }
 

@@ -25,3 +25,16 @@ export function sameLower(s: string, at: number, lower: string): boolean {
   for (let i = 0; i < lower.length; i++) if ((s.charCodeAt(at + i) | 0x20) !== lower.charCodeAt(i)) return false;
   return true;
 }
+
+/** More than one Host field line in a raw `[name, value, …]` list (RFC 9112 §3.2: answer 400). */
+export function hasDuplicateHost(raw: readonly string[]): boolean {
+  let seen = false;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 4 && sameLower(name, 0, 'host')) {
+      if (seen) return true;
+      seen = true;
+    }
+  }
+  return false;
+}

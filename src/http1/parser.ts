@@ -20,8 +20,13 @@ export class ResponseParseError extends Error {
 
 /** Where the parser delivers one response. */
 export interface ResponseSink {
-  /** Status line and headers ([name, value, …] as sent, values trimmed); 1xx never reach here. */
-  onHead(status: number, statusText: string, headers: string[]): void;
+  /**
+   * Status line and headers ([name, value, …] as sent, values trimmed); 1xx never reach here.
+   * `contentLength`: the body length this response is framed by — exactly that many bytes follow,
+   * or the response fails — or -1 (chunked, until close, or no body). For a HEAD request, the
+   * length the replica declared (-1 for none): it describes the body a GET would get.
+   */
+  onHead(status: number, statusText: string, headers: string[], contentLength: number): void;
   /** `last`: this piece completes a body of known length (onEnd follows at once). */
   onBody(chunk: Buffer, last: boolean): void;
   onEnd(): void;
@@ -73,6 +78,11 @@ export class ResponseParser {
   #trailerLen = 0;
   #keepAlive = false;
   #received = false;
+  // The final head, parsed and checked, handed to the sink once its first body bytes are checked too.
+  #status = 0;
+  #reason = '';
+  #headers: string[] = [];
+  #length = -1;
 
   constructor(maxHeaderSize = DEFAULT_MAX_HEADER_SIZE) {
     this.#maxHeaderSize = maxHeaderSize;
@@ -136,6 +146,8 @@ export class ResponseParser {
       if (sink === null) return null; // stopped from inside a callback
       if (state === LENGTH) {
         const take = Math.min(this.#remaining, n - i);
+        // More than the replica declared: what follows would be taken for another response.
+        if (take < n - i) return new ResponseParseError('the response body is longer than its Content-Length');
         this.#remaining -= take;
         const end = this.#remaining === 0;
         if (end) this.#state = DONE;
@@ -216,7 +228,17 @@ export class ResponseParser {
       this.#tail = EMPTY;
     }
     const err = this.#parseHead(text);
-    return err ?? end;
+    if (err !== null) return err;
+    const state = this.#state;
+    if (state === HEAD) return end; // a 1xx, skipped
+    // Bytes past a body's declared end in this very read: refused before anything is relayed.
+    const extra = chunk.length - end;
+    if (state === DONE && extra > 0) return new ResponseParseError('bytes after a response without a body');
+    if (state === LENGTH && extra > this.#remaining) return new ResponseParseError('the response body is longer than its Content-Length');
+    const sink = this.#sink!;
+    sink.onHead(this.#status, this.#reason, this.#headers, this.#length);
+    if (this.#state === DONE && this.#sink === sink) this.#end(sink);
+    return end;
   }
 
   /** `text`: the status line and header lines, each ending in CRLF. */
@@ -278,15 +300,18 @@ export class ResponseParser {
       this.#state = HEAD; // 100 Continue, 103 Early Hints…: skipped, the final answer follows
       return null;
     }
-    const sink = this.#sink!;
-    // Both framings at once is how requests get smuggled: use chunked, then close (RFC 9112 §6.3).
-    this.#keepAlive = !close && !(te && length !== -1);
+    // Both framings at once is how responses get split (RFC 9112 §6.3): an error, never a guess.
+    if (te && length !== -1) return new ResponseParseError('both Transfer-Encoding and Content-Length');
+    this.#keepAlive = !close;
+    this.#status = status;
+    this.#reason = reason;
+    this.#headers = headers;
     if (this.#isHead || status === 204 || status === 304) {
       this.#state = DONE;
-      sink.onHead(status, reason, headers);
-      if (this.#sink === sink) this.#end(sink);
+      this.#length = this.#isHead ? length : -1;
       return null;
     }
+    this.#length = te ? -1 : length;
     if (te) {
       if (chunked) {
         this.#state = CHUNK_SIZE;
@@ -305,8 +330,6 @@ export class ResponseParser {
       this.#state = UNTIL_CLOSE;
       this.#keepAlive = false;
     }
-    sink.onHead(status, reason, headers);
-    if (this.#state === DONE && this.#sink === sink) this.#end(sink);
     return null;
   }
 
@@ -372,6 +395,7 @@ export class ResponseParser {
           break;
         case TRAILER_END_LF: {
           if (c !== LF) return new ResponseParseError('invalid trailer');
+          if (i + 1 < n) return new ResponseParseError('bytes after the end of a chunked body');
           this.#state = DONE;
           const sink = this.#sink;
           if (sink !== null) this.#end(sink);

@@ -4,6 +4,7 @@
 
 import { Readable } from 'node:stream';
 import type { Http1Pool } from './pool.js';
+import { withErrorPath } from './streams.js';
 import { Http1Error, type Http1Exchange, type Http1Handler, type Http1Request } from './types.js';
 
 export interface Http1Response {
@@ -53,13 +54,16 @@ class StreamHandler implements Http1Handler {
   ) {}
 
   onResponseStart(status: number, statusText: string, rawHeaders: string[]): void {
-    const body = new Readable({
-      read: () => this.exchange?.resume(),
-      destroy: (err, cb) => {
-        this.exchange?.abort(err ?? new Http1Error('DP_HTTP1_ABORTED', 'the response body was destroyed'));
-        cb(err);
-      },
-    });
+    // Destroyed with the replica's failure, perhaps before the caller has begun to read it.
+    const body = withErrorPath(
+      new Readable({
+        read: () => this.exchange?.resume(),
+        destroy: (err, cb) => {
+          this.exchange?.abort(err ?? new Http1Error('DP_HTTP1_ABORTED', 'the response body was destroyed'));
+          cb(err);
+        },
+      }),
+    );
     this.#body = body;
     this.resolve({ status, statusText, rawHeaders, headers: headerObject(rawHeaders), body });
   }

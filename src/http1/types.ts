@@ -27,8 +27,13 @@ export interface Http1Request {
 
 /** One response, delivered as it arrives. Exactly one of onResponseEnd / onResponseError is called. */
 export interface Http1Handler {
-  /** The final status and headers (1xx skipped), `[name, value, …]` as the replica sent them. */
-  onResponseStart(status: number, statusText: string, headers: string[]): void;
+  /**
+   * The final status and headers (1xx skipped), `[name, value, …]` as the replica sent them.
+   * `contentLength`: the length the body is framed by, checked (exactly that many bytes follow or
+   * the response fails), or -1 (chunked, until close, no body); for HEAD, the declared length.
+   * A relay frames its own output from this, never from the replica's framing headers.
+   */
+  onResponseStart(status: number, statusText: string, headers: string[], contentLength: number): void;
   /**
    * A piece of the body; false pauses reading from the replica until the exchange's resume().
    * `last`: it completes a body of known length, onResponseEnd follows at once (a handler may

@@ -9,6 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { bearerToken, type AuthDecision } from '../api/auth.js';
+import { withErrorPath } from '../http1/index.js';
 import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { catalogOf, observeModels, type ModelEntry } from './catalog.js';
@@ -161,7 +162,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         // goes through relay() so that a failure becomes an SSE error event.
         if (!sse && Buffer.isBuffer(res.body)) return reply.send(res.body);
         const body = streamOf(res.body);
-        return reply.send(sse ? Readable.from(relay(body, abort)) : body);
+        return reply.send(sse ? withErrorPath(Readable.from(relay(body, abort))) : body);
       }
 
       async function tgiCompletionRoute(reply: FastifyReply, service: Service, model: Extract<Service['model'], { format: 'tgi' }>, chat: ChatRequest, abort: ClientAbort, client: ForwardedClient) {
@@ -232,7 +233,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
           .header('content-type', 'text/event-stream; charset=utf-8')
           .header('cache-control', 'no-cache')
           .header('x-accel-buffering', 'no')
-          .send(Readable.from(frames()));
+          .send(withErrorPath(Readable.from(frames())));
       }
     },
     { prefix: o.prefix },
@@ -269,7 +270,7 @@ function completionsPath(prefix: string): string {
 }
 
 function streamOf(body: Readable | Buffer): Readable {
-  return Buffer.isBuffer(body) ? Readable.from([body]) : body;
+  return withErrorPath(Buffer.isBuffer(body) ? Readable.from([body]) : body);
 }
 
 async function readCapped(body: Readable | Buffer, max: number): Promise<string> {

@@ -5,7 +5,7 @@
 // takes it.
 
 import { Readable } from 'node:stream';
-import { headerObject, Http1Error, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
+import { headerObject, Http1Error, withErrorPath, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
 import type { ClientAbort, UpstreamResponse } from './forwarders.js';
 
 /** A non-streaming answer up to this size is read whole before the promise resolves. */
@@ -46,23 +46,26 @@ class AnswerHandler implements Http1Handler {
     private readonly reject: (err: Error) => void,
   ) {}
 
-  onResponseStart(status: number, _statusText: string, raw: string[]): void {
+  onResponseStart(status: number, _statusText: string, raw: string[], contentLength: number): void {
     const headers = headerObject(raw);
     const type = headers['content-type'];
-    const length = headers['content-length'];
-    const whole = typeof length === 'string' && Number(length) <= MAX_WHOLE_BODY && !(typeof type === 'string' && type.startsWith('text/event-stream'));
+    // The length the parser frames the body by (checked), not the replica's header.
+    const whole = contentLength >= 0 && contentLength <= MAX_WHOLE_BODY && !(typeof type === 'string' && type.startsWith('text/event-stream'));
     if (whole) {
       this.#status = status;
       this.#headers = headers;
       return;
     }
-    const body = new Readable({
-      read: () => this.exchange?.resume(),
-      destroy: (err, cb) => {
-        if (!this.#settled) this.exchange?.abort(err ?? new Http1Error('DP_HTTP1_ABORTED', 'the response body was destroyed'));
-        cb(err);
-      },
-    });
+    // Destroyed with the replica's failure, perhaps before the plugin has begun to read it.
+    const body = withErrorPath(
+      new Readable({
+        read: () => this.exchange?.resume(),
+        destroy: (err, cb) => {
+          if (!this.#settled) this.exchange?.abort(err ?? new Http1Error('DP_HTTP1_ABORTED', 'the response body was destroyed'));
+          cb(err);
+        },
+      }),
+    );
     this.#body = body;
     this.resolve({ status, headers, body });
   }

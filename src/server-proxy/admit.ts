@@ -75,7 +75,7 @@ function limits(ctx: AdmitContext, t: ProxyTarget, req: AdmitRequest, clientIp: 
   if (service.rateLimits.length > 0) {
     const headers = req.headers;
     const allowed = ctx.limiter.allow(key, service.rateLimits, {
-      path: t.rest || '/',
+      path: t.match || '/',
       clientIp,
       header: (name) => {
         const v = headers[name.toLowerCase()];

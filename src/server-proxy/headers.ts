@@ -3,7 +3,8 @@
 //   request  → hop-by-hop stripped (RFC 9110 §7.6.1, plus any header named in Connection),
 //              X-Forwarded-For/-Proto/-Host and X-Real-IP set, Authorization dropped when the
 //              service uses proxy auth (the token is the user's credential for us, not the replica's);
-//   response → hop-by-hop stripped, the replica's Server and Date dropped (Node adds its own Date).
+//   response → hop-by-hop stripped, the replica's Server, Date and Content-Length dropped (Node adds
+//              its own Date; the relay sets the length it checked).
 
 /** Headers that describe one connection, never forwarded (lower case). */
 export const HOP_BY_HOP = new Set([
@@ -21,7 +22,9 @@ export const HOP_BY_HOP = new Set([
 ]);
 
 const FORWARDED = new Set(['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-real-ip']);
-const RESPONSE_DROP = new Set(['server', 'date']);
+// Content-Length too: the proxy frames what it relays itself (a copy of the replica's framing
+// would let a replica that lies about its length split the client's connection).
+const RESPONSE_DROP = new Set(['server', 'date', 'content-length']);
 
 export interface ForwardContext {
   /** The client's address (the TCP peer). */

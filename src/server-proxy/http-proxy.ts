@@ -17,9 +17,9 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import { STATUS_CODES } from 'node:http';
 import { performance } from 'node:perf_hooks';
-import { Readable } from 'node:stream';
+import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import type { Logger } from 'pino';
-import type { Http1Exchange, Http1Handler } from '../http1/index.js';
+import { hasDuplicateHost, withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
 import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
@@ -86,18 +86,41 @@ export function sendDetail(req: ProxyRequest, res: ProxyResponse, status: number
   res.end(body);
 }
 
-async function* limited(body: Readable, limit: number): AsyncGenerator<Buffer> {
-  let n = 0;
-  for await (const chunk of body as AsyncIterable<Buffer>) {
-    n += chunk.length;
-    if (n > limit) throw new BodyTooLargeError(limit);
-    yield chunk;
+/**
+ * A body without a length (chunked), counted against clientMaxBodySize on its way up. It owns
+ * its failures for its whole life: the client hanging up mid-body destroys it with an error, and
+ * that error has a listener even when nobody reads the body any more (the replica answered
+ * early, or the exchange was aborted).
+ */
+class LimitedBody extends Transform {
+  #n = 0;
+
+  constructor(
+    source: IncomingMessage,
+    private readonly limit: number,
+  ) {
+    super();
+    withErrorPath(this);
+    source.on('error', (err: Error) => this.destroy(err));
+    // A request that closes before its last byte: the body ends with an error, not a short 'end'.
+    source.once('close', () => {
+      if (!source.complete) this.destroy(new ClientClosedError('the client closed the connection mid-body'));
+    });
+    source.pipe(this);
+  }
+
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, cb: TransformCallback): void {
+    this.#n += chunk.length;
+    if (this.#n > this.limit) cb(new BodyTooLargeError(this.limit));
+    else cb(null, chunk);
   }
 }
 
 /** Proxy one request; never throws (failures become a JSON answer or a cut connection). */
 export function proxyHttp(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyResponse, clientIp: string, proto: string): void {
   const started = performance.now();
+  // Node's parser keeps both; the raw path's refuses them (and hands the request here through Node).
+  if (req.bufferedBody === undefined && hasDuplicateHost(req.rawHeaders)) return sendDetail(req, res, 400, 'More than one Host header');
   const t = parseProxyTarget(req.url ?? '/');
   if (!t) return sendDetail(req, res, 404, 'Not Found');
   if (t.rest === '') {
@@ -134,7 +157,7 @@ function relay(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyResponse, cli
   if (req.bufferedBody !== undefined) body = req.bufferedBody.length > 0 ? req.bufferedBody : null;
   else if (hasBody(req)) {
     const stream = req as IncomingMessage; // no bufferedBody: Node's request, the body stream itself
-    body = limit > 0 && req.headers['content-length'] === undefined ? Readable.from(limited(stream, limit), { objectMode: false }) : stream;
+    body = limit > 0 && req.headers['content-length'] === undefined ? new LimitedBody(stream, limit) : stream;
   }
 
   // 3. Relay: headers and body as they come.
@@ -178,8 +201,12 @@ class RelayHandler implements Http1Handler {
     this.exchange?.resume();
   };
 
-  onResponseStart(statusCode: number, statusText: string, headers: string[]): void {
-    this.res.writeHead(statusCode, STATUS_CODES[statusCode] ?? (statusText || 'Unknown'), downstreamRawHeaders(headers));
+  onResponseStart(statusCode: number, statusText: string, headers: string[], contentLength: number): void {
+    // Framed by us: the replica's Content-Length and Transfer-Encoding are dropped, and the length
+    // the parser checked goes out (else the response is chunked or, for HTTP/1.0, closed).
+    const out = downstreamRawHeaders(headers);
+    if (contentLength >= 0) out.push('Content-Length', String(contentLength));
+    this.res.writeHead(statusCode, STATUS_CODES[statusCode] ?? (statusText || 'Unknown'), out);
   }
 
   onResponseData(chunk: Buffer, last: boolean): boolean {

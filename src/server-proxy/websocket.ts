@@ -10,6 +10,7 @@ import { STATUS_CODES } from 'node:http';
 import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
+import { hasDuplicateHost } from '../http1/index.js';
 import { admit } from './admit.js';
 import { upstreamRequestHeaders } from './headers.js';
 import type { HttpProxyContext } from './http-proxy.js';
@@ -24,6 +25,9 @@ export interface UpgradeContext extends HttpProxyContext {
 }
 
 export function rawReply(socket: Duplex, status: number, headers: Record<string, string>, body = ''): void {
+  // An upgraded socket has left Node's server and its error listener: a client resetting it while
+  // the answer is written must not become an uncaught 'error'.
+  socket.on('error', () => socket.destroy());
   const lines = [`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}`];
   for (const [k, v] of Object.entries({ ...headers, 'Content-Length': String(Buffer.byteLength(body)), Connection: 'close' })) lines.push(`${k}: ${v}`);
   // Upgrade sockets are half-open capable: do not wait for the client to hang up.
@@ -44,6 +48,7 @@ export function handleUpgrade(ctx: UpgradeContext, req: IncomingMessage, socket:
   socket.on('error', () => socket.destroy());
   void (async () => {
     const started = performance.now();
+    if (hasDuplicateHost(req.rawHeaders)) return rawDetail(socket, 400, 'More than one Host header');
     if (t.rest === '') {
       const host = req.headers.host;
       return rawReply(socket, 308, { Location: `${host ? `${proto}://${host}` : ''}${t.path}/${t.query}` });

@@ -135,10 +135,10 @@ export interface PluginApp {
  * listening on 127.0.0.1, whose service p/r is one direct replica on `replicaPort` reached over
  * TCP; connections to it are counted.
  */
-export async function startPluginApp(replicaPort: number, o: { clientMaxBodySize: number; fastPath?: boolean }): Promise<PluginApp> {
+export async function startPluginApp(replicaPort: number, o: { clientMaxBodySize: number; fastPath?: boolean; rateLimits?: unknown[] }): Promise<PluginApp> {
   const state: ProxyState = emptyState();
   state.spec.services.push({
-    project: 'p', run: 'r', https: false, auth: false, stripPrefix: true, clientMaxBodySize: o.clientMaxBodySize, rateLimits: [],
+    project: 'p', run: 'r', https: false, auth: false, stripPrefix: true, clientMaxBodySize: o.clientMaxBodySize, rateLimits: o.rateLimits ?? [],
     replicas: [{ id: 'a', appPort: replicaPort, direct: { host: '127.0.0.1', port: replicaPort } }],
   } as unknown as Service);
   let connects = 0;

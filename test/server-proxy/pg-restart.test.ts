@@ -6,14 +6,13 @@
 // change — a PUT through the other process, or a direct UPDATE of the row as docs/database.md
 // tells a control server to write it — is served by both.
 
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CLI } from '../helpers/cli.js';
 import { eventually } from '../helpers/nginx.js';
 import { ensurePostgres, startPrivatePostgres, type PrivatePostgres } from '../helpers/postgres.js';
 import { tmpDir } from '../helpers/tmp.js';
+import { startServerProxyProcess, type ProxyProcess } from './cli-process.js';
 import { directService, doc, send, type Reply } from './harness.js';
 import { startReplica, type TestReplica } from './replica.js';
 
@@ -22,40 +21,8 @@ const havePostgres = await ensurePostgres();
 /** Generous: a request that has not answered by then is hanging, not slow. */
 const NO_HANG_MS = 20_000;
 
-interface ProxyProcess {
-  url: string;
-  child: ChildProcess;
-  /** Everything it printed (logs on stdout, the CLI's lines on stderr), for failure messages. */
-  output(): string;
-  stop(): Promise<number | null>;
-}
-
-async function startCli(db: string, stateDir: string): Promise<ProxyProcess> {
-  const child = spawn(process.execPath, [CLI, 'server-proxy', '--db', db, '--port', '0', '--state-dir', stateDir], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr!.on('data', (d: Buffer) => (out += d.toString()));
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  const stop = async (): Promise<number | null> => {
-    if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
-    child.kill('SIGTERM');
-    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
-    try {
-      return await exited;
-    } finally {
-      clearTimeout(timer);
-    }
-  };
-  const url = await Promise.race([
-    eventually(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000),
-    exited.then((code) => Promise.reject(new Error(`server-proxy exited with ${code} before listening:\n${out}`))),
-  ]).catch(async (err: unknown) => {
-    await stop();
-    throw err;
-  });
-  return { url, child, output: () => out, stop };
+function startCli(db: string, stateDir: string): Promise<ProxyProcess> {
+  return startServerProxyProcess(['--db', db, '--port', '0', '--state-dir', stateDir]);
 }
 
 function withDeadline<T>(what: string, p: Promise<T>, ms = NO_HANG_MS): Promise<T> {

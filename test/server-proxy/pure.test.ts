@@ -18,7 +18,31 @@ describe('parseProxyTarget / upstreamTarget', () => {
     expect(t).toMatchObject(expected);
     expect(upstreamTarget(t!, strip)).toBe(upstream);
   });
-  it.each(['/proxy/services/p', '/proxy/services//r/', '/proxy/servicesx/p/r/', '/other', '/proxy/services/%zz/r/'])('%s is not a service path', (url) => {
+  it.each([
+    // [url, project/run, match (rate-limit path), forwarded with stripPrefix]
+    ['/proxy/services/p/r/%761/chat', 'p/r', '/v1/chat', '/%761/chat'],
+    ['/proxy/services/p/r//v1//chat', 'p/r', '/v1/chat', '//v1//chat'],
+    ['/proxy/services/p/r/./v1/./chat', 'p/r', '/v1/chat', '/./v1/./chat'],
+    ['/proxy/services/p/r/x/../v1', 'p/r', '/v1', '/x/../v1'],
+    ['/proxy/services/p/r/x/%2E%2E/%2e/v1', 'p/r', '/v1', '/x/%2E%2E/%2e/v1'],
+    ['/proxy/services/p/r/a%2Fb', 'p/r', '/a/b', '/a%2Fb'],
+    ['/proxy/services/p/r/a%252Fb', 'p/r', '/a%2Fb', '/a%252Fb'],
+    ['/proxy/services/p/r/x/..', 'p/r', '/', '/x/..'],
+    ['/proxy/services//p//r/v1', 'p/r', '/v1', '/v1'],
+    ['/proxy/services/%70/r/v1', 'p/r', '/v1', '/v1'],
+    // Climbing out of the service: routed (and forwarded) where the normalised path leads.
+    ['/proxy/services/p/pub/../priv/v1', 'p/priv', '/v1', '/v1'],
+    // Back into the same service through its prefix: sent normalised, so the replica sees what was matched.
+    ['/proxy/services/p/r/../r/v1', 'p/r', '/v1', '/v1'],
+  ])('%s is routed and limited on the normalised path', (url, key, match, forwarded) => {
+    const t = parseProxyTarget(url)!;
+    expect(`${t.project}/${t.run}`).toBe(key);
+    expect(t.match).toBe(match);
+    expect(upstreamTarget(t, true)).toBe(forwarded);
+    expect(upstreamTarget(t, false)).toBe(url);
+  });
+
+  it.each(['/proxy/services/p', '/proxy/services/p/r/..', '/proxy/services//r/', '/proxy/servicesx/p/r/', '/other', '/proxy/services/%zz/r/'])('%s is not a service path', (url) => {
     expect(parseProxyTarget(url)).toBeNull();
   });
 });
@@ -44,7 +68,8 @@ describe('headers', () => {
   it('the same rules over the raw list, names kept as the replica sent them', () => {
     const raw = ['Server', 'x', 'Date', 'y', 'Connection', 'close, X-Conn', 'X-Conn', '1', 'Keep-Alive', 'timeout=5', 'Transfer-Encoding', 'chunked', 'Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain'];
     expect(downstreamRawHeaders(raw)).toEqual(['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain']);
-    expect(downstreamRawHeaders(['Connection', 'keep-alive', 'Content-Length', '0'])).toEqual(['Content-Length', '0']);
+    // The length is the relay's to set from what it checked, never the replica's copy.
+    expect(downstreamRawHeaders(['Connection', 'keep-alive', 'Content-Length', '0', 'X-A', '1'])).toEqual(['X-A', '1']);
   });
 });
 
