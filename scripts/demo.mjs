@@ -7,7 +7,7 @@
 // Ports can be moved with DEMO_HTTP_PORT / DEMO_API_PORT, the state dir with DEMO_STATE_DIR.
 
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -16,6 +16,28 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const httpPort = Number(process.env.DEMO_HTTP_PORT ?? 18080);
 const apiPort = Number(process.env.DEMO_API_PORT ?? 18000);
 const example = path.join(root, 'examples', 'local-state.yaml');
+const stateDir = process.env.DEMO_STATE_DIR ?? path.join(root, '.dstack-proxy');
+
+// Run as root, the private Nginx's workers are www-data, and they must be able to enter the
+// dir that holds the balancer sockets (next to the state dir). A checkout under a 0700 home
+// (/root) would stop the gateway at start; the demo then keeps that dir under /run instead,
+// which only root can write.
+function othersCanEnterParentsOf(dir) {
+  for (let d = path.dirname(dir); ; d = path.dirname(d)) {
+    try {
+      if ((statSync(d).mode & 0o001) === 0) return false;
+    } catch {
+      // not created yet: the gateway makes it, traversable
+    }
+    if (d === path.dirname(d)) return true;
+  }
+}
+const workerDirArgs =
+  process.getuid?.() === 0 && !process.env.DEMO_NGINX_WORKER_DIR && !othersCanEnterParentsOf(`${stateDir}-nginx`)
+    ? ['--nginx-worker-dir', '/run/dstack-proxy-demo-nginx']
+    : process.env.DEMO_NGINX_WORKER_DIR
+      ? ['--nginx-worker-dir', process.env.DEMO_NGINX_WORKER_DIR]
+      : [];
 
 const replicas = [18001, 18002].map((port, i) =>
   http
@@ -31,7 +53,8 @@ const gateway = spawn(
   [
     path.join(root, 'dist', 'src', 'cli.js'),
     'gateway',
-    '--state-dir', process.env.DEMO_STATE_DIR ?? path.join(root, '.dstack-proxy'),
+    '--state-dir', stateDir,
+    ...workerDirArgs,
     '--http-port', String(httpPort),
     '--https-port', String(httpPort + 363),
     '--listen-host', '127.0.0.1',
