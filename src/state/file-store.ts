@@ -6,7 +6,7 @@
 import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { ProxyError } from '../errors.js';
-import { emptyState, formatIssue, hashSpec, validate, type ProxyState } from '../spec/index.js';
+import { SpecError, emptyState, formatIssue, hashSpec, parseJsonText, validate, type ProxyState } from '../spec/index.js';
 import type { StateStore, StoredState, WriteOptions, WriteResult } from './store.js';
 
 export const STATE_FILE = 'state.json';
@@ -97,9 +97,10 @@ export async function loadStateFile(file: string): Promise<StoredState> {
     new ProxyError('DP_ERR_STATE_CORRUPT', `${file} is corrupt: ${why}`, { file });
   let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    raw = parseJsonText(text, 'not JSON');
   } catch (err) {
-    throw corrupt(`not JSON (${(err as Error).message})`);
+    if (!(err instanceof SpecError)) throw err;
+    throw corrupt(err.issues.map(formatIssue).join('; '));
   }
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw corrupt('not a JSON object');
   const { metadata, ...doc } = raw as { metadata?: { generation?: unknown; hash?: unknown; updatedAt?: unknown } };

@@ -20,6 +20,25 @@ describe('SQLite state store', () => {
   });
   afterEach(() => t.cleanup());
 
+  it('refuses a row whose JSON repeats a key, keeping the last good document', async () => {
+    const store = await openSqliteStore({ path: file });
+    await store.write(docA);
+    const text = JSON.stringify({ apiVersion: docA.apiVersion, kind: docA.kind, spec: docA.spec });
+    // Templated by a control server: the second "auth" would silently switch auth on or off under JSON.parse.
+    const dup = text.replace('"auth":false', '"auth":false,"auth":true');
+    expect(dup).not.toBe(text);
+    const db = new Database(file);
+    db.prepare('UPDATE proxy_state SET generation = 2, document = ? WHERE id = 1').run(dup);
+    db.close();
+    expect((await store.read()).generation).toBe(1);
+    expect(store.health().lastError).toMatchObject({
+      reason: 'invalid',
+      generation: 2,
+      issues: [{ path: expect.stringMatching(/^\/spec\/services\/\d+\/auth$/), message: expect.stringMatching(/"auth" appears twice/) }],
+    });
+    await store.close();
+  });
+
   it('creates the file 0600 (and its WAL files) in a new 0700 directory, in WAL mode', async () => {
     const store = await openSqliteStore({ path: file });
     await store.write(docA);
