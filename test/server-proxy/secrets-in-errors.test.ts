@@ -11,6 +11,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServerProxy, type RunningServerProxy } from '../../src/server-proxy/server.js';
 import { runCli } from '../helpers/cli.js';
+import { TEST_KEY_A } from '../helpers/keys.js';
 import { eventually } from '../helpers/nginx.js';
 import { createTestDatabase, ensurePostgres, type TestDatabase } from '../helpers/postgres.js';
 import { tmpDir } from '../helpers/tmp.js';
@@ -26,7 +27,7 @@ function leaks(text: string, secret = SECRET): string[] {
   return found;
 }
 
-const VALID_KEY = '-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n';
+const VALID_KEY = TEST_KEY_A;
 
 function docWith(edit: (spec: Record<string, any>) => void): Record<string, unknown> {
   const spec: Record<string, any> = {
