@@ -1,8 +1,9 @@
-import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { ProxyError } from '../../src/errors.js';
 import { loadDocument } from '../../src/spec/index.js';
 import { openSqliteStore } from '../../src/state/sqlite-store.js';
 import type { StoredState } from '../../src/state/store.js';
@@ -19,6 +20,32 @@ describe('SQLite state store', () => {
     file = path.join(t.dir, 'nested', 'proxy.db');
   });
   afterEach(() => t.cleanup());
+
+  it.skipIf(process.getuid?.() !== 0)('a full disk: DP_ERR_STATE_WRITE naming the file, the last document kept', async () => {
+    const dir = path.join(t.dir, 'tiny');
+    mkdirSync(dir);
+    expect(spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', dir]).status).toBe(0);
+    try {
+      const db = path.join(dir, 'proxy.db');
+      const store = await openSqliteStore({ path: db });
+      await store.write(docA);
+      try {
+        for (;;) writeFileSync(path.join(dir, 'filler'), Buffer.alloc(16 * 1024, 1), { flag: 'a' });
+      } catch {
+        // ENOSPC: full
+      }
+      const big = { ...docA, spec: { ...docA.spec, services: docA.spec.services.map((s) => ({ ...s, run: `${s.run}-${'x'.repeat(40)}` })) } };
+      const many = { ...big, spec: { ...big.spec, services: Array.from({ length: 400 }, (_, i) => ({ ...big.spec.services[0]!, run: `run-${i}`, replicas: [] })) } };
+      const err = (await store.write(many).catch((e: unknown) => e)) as ProxyError;
+      expect(err).toBeInstanceOf(ProxyError);
+      expect(err).toMatchObject({ code: 'DP_ERR_STATE_WRITE', status: 503, details: { file: db, errno: expect.stringMatching(/^SQLITE_FULL/) } });
+      expect(err.message).toContain(db);
+      expect((await store.read()).generation).toBe(1);
+      await store.close();
+    } finally {
+      spawnSync('umount', ['-l', dir]);
+    }
+  });
 
   it('refuses a row whose JSON repeats a key, keeping the last good document', async () => {
     const store = await openSqliteStore({ path: file });
