@@ -64,7 +64,7 @@ describe.skipIf(!canMount)('a state write the storage refuses', () => {
         const r = await putState(t, docB());
         expect(r.status).toBe(503);
         expect(r.json).toMatchObject({ code: 'DP_ERR_STATE_WRITE', errno: 'ENOSPC', file: join(stateDir, 'state.json') });
-        expect((r.json as { message: string }).message).toMatch(/no space left on the device \(ENOSPC\)/);
+        expect((r.json as unknown as { message: string }).message).toMatch(/no space left on the device \(ENOSPC\)/);
         expect(temps()).toEqual([]);
       }
       expect(await generation()).toBe(1);
@@ -81,7 +81,7 @@ describe.skipIf(!canMount)('a state write the storage refuses', () => {
     const r = await putState(t, docB());
     expect(r.status).toBe(503);
     expect(r.json).toMatchObject({ code: 'DP_ERR_STATE_WRITE', errno: 'EROFS' });
-    expect((r.json as { message: string }).message).toContain(join(stateDir, 'state.json'));
+    expect((r.json as unknown as { message: string }).message).toContain(join(stateDir, 'state.json'));
     expect(temps()).toEqual([]);
     expect(await generation()).toBe(1);
     expect(await served()).toBe(200);
