@@ -136,8 +136,10 @@ export function semanticIssues(doc: ProxyStateInput): SpecIssue[] {
         if (m.chatTemplate !== undefined) add(`${at}/model/chatTemplate`, "is only allowed with format 'tgi'.");
         if (m.eosToken !== undefined) add(`${at}/model/eosToken`, "is only allowed with format 'tgi'.");
         if (m.bosToken !== undefined) add(`${at}/model/bosToken`, "is only allowed with format 'tgi'.");
-      } else if (m.prefix !== undefined) {
-        add(`${at}/model/prefix`, "is only allowed with format 'openai'.");
+      } else {
+        if (m.prefix !== undefined) add(`${at}/model/prefix`, "is only allowed with format 'openai'.");
+        // TGI serves raw text: without a template no chat request can ever be turned into a prompt.
+        if (!m.chatTemplate) add(`${at}/model/chatTemplate`, "is required with format 'tgi': the Jinja template that turns chat messages into the model's prompt.");
       }
     }
 

@@ -33,7 +33,7 @@ export function baseDocument(): ProxyStateInput {
           project: 'research',
           run: 'mistral',
           domain: 'mistral.gw.example.com',
-          model: { name: 'mistralai/Mistral-7B', format: 'tgi', eosToken: '</s>' },
+          model: { name: 'mistralai/Mistral-7B', format: 'tgi', chatTemplate: '{% for m in messages %}{{ m.content }}{% endfor %}', eosToken: '</s>' },
           replicas: [{ id: 'r3', appPort: 80, direct: { host: '10.0.0.6', port: 80 } }],
         },
       ],

@@ -46,7 +46,7 @@ export function randomDocument(rng: Rng): ProxyStateInput {
         : {
             name: `org/model-${i}`,
             format: 'tgi',
-            ...(chance(rng) ? { chatTemplate: '{{ messages }}' } : {}),
+            chatTemplate: '{{ messages }}',
             ...(chance(rng) ? { eosToken: '</s>' } : {}),
           };
     }

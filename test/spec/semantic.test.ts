@@ -132,6 +132,8 @@ const rules: Rule[] = [
     valid: [[`${S0}/model/prefix`, '/openai/v1'], [`${S1}/model/chatTemplate`, '{{ messages }}']],
     invalid: [
       { when: "a prefix on a 'tgi' model", edits: [[`${S1}/model/prefix`, '/v1']], errors: [[`${S1}/model/prefix`, /is only allowed with format 'openai'/]] },
+      { when: "a 'tgi' model without a chatTemplate", edits: [[`${S1}/model/chatTemplate`, REMOVE]], errors: [[`${S1}/model/chatTemplate`, /is required with format 'tgi'/]] },
+      { when: "a 'tgi' model with an empty chatTemplate", edits: [[`${S1}/model/chatTemplate`, '']], errors: [[`${S1}/model/chatTemplate`, /is required with format 'tgi'/]] },
       { when: "a chatTemplate on an 'openai' model", edits: [[`${S0}/model/chatTemplate`, '{{ x }}']], errors: [[`${S0}/model/chatTemplate`, /is only allowed with format 'tgi'/]] },
       { when: "an eosToken on an 'openai' model", edits: [[`${S0}/model/eosToken`, '</s>']], errors: [[`${S0}/model/eosToken`, /is only allowed with format 'tgi'/]] },
       { when: "an 'openai' prefix with a brace", edits: [[`${S0}/model/prefix`, '/v1{']], errors: [[`${S0}/model/prefix`, /must not contain .*'\{'.*got "\/v1\{"/]] },
