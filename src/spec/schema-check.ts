@@ -108,11 +108,10 @@ function secretIssue(e: ErrorObject, p: Record<string, unknown>, at: string): Sp
     case 'type':
       return { path: at, message: `must be ${article(String(p.type))}, not ${describe(e.data)}.` };
     case 'minLength':
+      if (p.limit === 1) return { path: at, message: 'must not be empty.' };
+      return { path: at, message: `must be at least ${String(p.limit)} characters long; it has ${lengthOf(e.data)}.` };
     case 'maxLength':
-      return {
-        path: at,
-        message: `${p.limit === 1 && e.keyword === 'minLength' ? 'must not be empty' : `must be ${e.keyword === 'minLength' ? 'at least' : 'at most'} ${String(p.limit)} characters long`}; it has ${typeof e.data === 'string' ? e.data.length : 0}.`,
-      };
+      return { path: at, message: `must be at most ${String(p.limit)} characters long; it has ${lengthOf(e.data)}.` };
     case 'required':
     case 'additionalProperties':
     case 'dependencies':
@@ -123,6 +122,10 @@ function secretIssue(e: ErrorObject, p: Record<string, unknown>, at: string): Sp
     default:
       return { path: at, message: 'is not valid (the value is a secret and is not shown).' };
   }
+}
+
+function lengthOf(v: unknown): number {
+  return typeof v === 'string' ? v.length : 0;
 }
 
 const SECRET_PATTERN_SENTENCES: Record<string, string> = {
