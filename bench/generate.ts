@@ -2,6 +2,16 @@
 
 import type { ProxyStateInput } from '../src/spec/input.js';
 
+/** A throwaway Ed25519 key (validation parses every private key), shared by all projects. */
+const BENCH_KEY = `-----BEGIN OPENSSH PRIVATE KEY-----
+b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW
+QyNTUxOQAAACDWnOHE9SAq6W1r8Uc7K9CnM1bYtJ1e4VCzZb1xmD/lvwAAAJgB5ywjAecs
+IwAAAAtzc2gtZWQyNTUxOQAAACDWnOHE9SAq6W1r8Uc7K9CnM1bYtJ1e4VCzZb1xmD/lvw
+AAAEBnoO3r/LK9ZhHp5jy/hKTbL1TgoM2DVJGUBpc8B76Dgdac4cT1ICrpbWvxRzsr0Kcz
+Vti0nV7hULNlvXGYP+W/AAAAE2RzdGFjay1wcm94eS10ZXN0LWEBAg==
+-----END OPENSSH PRIVATE KEY-----
+`;
+
 export function generateDocument(services: number, replicas = 3, opts: { direct?: boolean } = {}): ProxyStateInput {
   const projects = 10;
   return {
@@ -10,7 +20,7 @@ export function generateDocument(services: number, replicas = 3, opts: { direct?
     spec: {
       projects: Array.from({ length: projects }, (_, p) => ({
         name: `project-${p}`,
-        sshPrivateKey: '-----BEGIN OPENSSH PRIVATE KEY-----\nbench\n-----END OPENSSH PRIVATE KEY-----\n',
+        sshPrivateKey: BENCH_KEY,
       })),
       services: Array.from({ length: services }, (_, i) => ({
         project: `project-${i % projects}`,

@@ -19,6 +19,7 @@ export const ERRORS = {
   DP_ERR_NOT_READY: { status: 503, message: 'The gateway has not finished its first reconcile' },
   DP_ERR_STATE_CORRUPT: { status: 500, message: 'The state file is corrupt' },
   DP_ERR_STATE_UNAVAILABLE: { status: 503, message: 'The state database is unreachable' },
+  DP_ERR_STATE_WRITE: { status: 503, message: 'The state could not be written (disk full, read-only or no permission)' },
   DP_ERR_INTERNAL: { status: 500, message: 'Internal error' },
   DP_ERR_BAD_OPTION: { status: 500, message: 'Invalid option' },
   DP_ERR_OPEN_API: { status: 500, message: 'The management API would be open on a non-loopback address' },

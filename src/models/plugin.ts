@@ -13,7 +13,7 @@ import { withErrorPath } from '../http1/index.js';
 import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { catalogOf, observeModels, type ModelEntry } from './catalog.js';
-import { ModelApiError, toModelError, typeForStatus, unauthorized, upstreamMessage } from './errors.js';
+import { ModelApiError, toModelError, unauthorized, upstreamError } from './errors.js';
 import { memoryFirstSeenStore, modelKey, type FirstSeenStore } from './first-seen.js';
 import { ClientAbort, peerClient, type ForwardedClient, type UpstreamRequest, type UpstreamResponse } from './forwarders.js';
 import { chatRequest, parseJsonBody, tgiParams, type ChatRequest } from './request.js';
@@ -145,8 +145,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         }
         if (res.status < 200 || res.status > 299) {
           const text = await readCapped(res.body, MAX_ERROR_BODY).catch(() => '');
-          const message = upstreamMessage(text) || `the model answered ${res.status}`;
-          throw new ModelApiError(res.status, message, { detail: text || message, type: typeForStatus(res.status) });
+          throw upstreamError(service.model?.name ?? serviceKey(service), res.status, headerValue(res.headers['content-type']), text);
         }
         return res;
       }

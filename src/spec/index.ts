@@ -10,7 +10,7 @@ import type { ProxyState } from './types.js';
 
 export * from './types.js';
 export { SpecError, formatIssue, type SpecIssue } from './issues.js';
-export { detectFormat, parseDocument, type DocumentFormat } from './parse.js';
+export { detectFormat, parseDocument, parseJsonText, type DocumentFormat } from './parse.js';
 export { normalise } from './normalise.js';
 export { hashSpec, canonicalJson } from './hash.js';
 export { diffSpecs, deepEqual, type SpecDiff, type ObjectChange, type FieldChange } from './diff.js';

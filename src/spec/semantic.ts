@@ -6,6 +6,13 @@ import { HEADER_PATTERN, PREFIX_PATTERN } from './schema.js';
 import type { ProxyStateInput } from './input.js';
 import type { SpecIssue } from './issues.js';
 import { MAX_SERVICES } from './types.js';
+import { privateKeyReader, usablePrivateKey } from './keys.js';
+
+/** Why a private key cannot be used by the SSH loop, or null; never any part of the key. */
+export function privateKeyProblem(key: string, read = usablePrivateKey): string | null {
+  const usable = read(key);
+  return usable.ok ? null : usable.problem;
+}
 
 const PREFIX_RE = new RegExp(PREFIX_PATTERN);
 const HEADER_RE = new RegExp(HEADER_PATTERN);
@@ -52,6 +59,7 @@ export function semanticIssues(doc: ProxyStateInput): SpecIssue[] {
     issues.push({ path, message });
   };
   const spec = doc.spec;
+  const readKey = privateKeyReader();
   const projects = spec.projects ?? [];
   const services = spec.services ?? [];
   const entrypoints = spec.entrypoints ?? [];
@@ -68,6 +76,8 @@ export function semanticIssues(doc: ProxyStateInput): SpecIssue[] {
     const first = projectKeys.get(name);
     if (first) add(`/spec/projects/${i}/name`, `duplicates project "${name}" of /spec/projects/${first.index}.`);
     else projectKeys.set(name, { index: i, hasKey: p.sshPrivateKey !== undefined });
+    const keyProblem = p.sshPrivateKey === undefined ? null : privateKeyProblem(p.sshPrivateKey, readKey);
+    if (keyProblem) add(`/spec/projects/${i}/sshPrivateKey`, `${keyProblem}.`);
   });
 
   // Domains: one owner across services and entrypoints.
@@ -126,8 +136,10 @@ export function semanticIssues(doc: ProxyStateInput): SpecIssue[] {
         if (m.chatTemplate !== undefined) add(`${at}/model/chatTemplate`, "is only allowed with format 'tgi'.");
         if (m.eosToken !== undefined) add(`${at}/model/eosToken`, "is only allowed with format 'tgi'.");
         if (m.bosToken !== undefined) add(`${at}/model/bosToken`, "is only allowed with format 'tgi'.");
-      } else if (m.prefix !== undefined) {
-        add(`${at}/model/prefix`, "is only allowed with format 'openai'.");
+      } else {
+        if (m.prefix !== undefined) add(`${at}/model/prefix`, "is only allowed with format 'openai'.");
+        // TGI serves raw text: without a template no chat request can ever be turned into a prompt.
+        if (!m.chatTemplate) add(`${at}/model/chatTemplate`, "is required with format 'tgi': the Jinja template that turns chat messages into the model's prompt.");
       }
     }
 
@@ -140,6 +152,11 @@ export function semanticIssues(doc: ProxyStateInput): SpecIssue[] {
       if (!r.ssh && !r.direct) add(rat, "must have either 'ssh' or 'direct'.");
       if (!r.ssh && (r.sshProxy || r.sshHeadProxy)) {
         add(r.sshProxy ? `${rat}/sshProxy` : `${rat}/sshHeadProxy`, "is only allowed with 'ssh'.");
+      }
+      for (const hop of ['sshProxy', 'sshHeadProxy'] as const) {
+        const key = r[hop]?.privateKey;
+        const keyProblem = key === undefined ? null : privateKeyProblem(key, readKey);
+        if (keyProblem) add(`${rat}/${hop}/privateKey`, `${keyProblem}.`);
       }
       if (r.ssh && project && !project.hasKey) {
         // The destination hop always authenticates with the project's key.

@@ -6,7 +6,7 @@
 import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { ProxyError } from '../errors.js';
-import { emptyState, formatIssue, hashSpec, validate, type ProxyState } from '../spec/index.js';
+import { SpecError, emptyState, formatIssue, hashSpec, parseJsonText, validate, type ProxyState } from '../spec/index.js';
 import type { StateStore, StoredState, WriteOptions, WriteResult } from './store.js';
 
 export const STATE_FILE = 'state.json';
@@ -97,9 +97,10 @@ export async function loadStateFile(file: string): Promise<StoredState> {
     new ProxyError('DP_ERR_STATE_CORRUPT', `${file} is corrupt: ${why}`, { file });
   let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    raw = parseJsonText(text, 'not JSON');
   } catch (err) {
-    throw corrupt(`not JSON (${(err as Error).message})`);
+    if (!(err instanceof SpecError)) throw err;
+    throw corrupt(err.issues.map(formatIssue).join('; '));
   }
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw corrupt('not a JSON object');
   const { metadata, ...doc } = raw as { metadata?: { generation?: unknown; hash?: unknown; updatedAt?: unknown } };
@@ -120,21 +121,46 @@ export async function loadStateFile(file: string): Promise<StoredState> {
 async function writeAtomic(file: string, text: string, beforeRename?: (temp: string) => Promise<void> | void): Promise<void> {
   const dir = path.dirname(file);
   const temp = path.join(dir, `${TEMP_PREFIX}${process.pid}-${Math.random().toString(36).slice(2)}`);
-  const handle = await fs.open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600);
   try {
-    await handle.writeFile(text, 'utf8');
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-  try {
+    const handle = await fs.open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600);
+    try {
+      await handle.writeFile(text, 'utf8');
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
     await beforeRename?.(temp);
     await fs.rename(temp, file);
   } catch (err) {
-    await fs.rm(temp, { force: true });
-    throw err;
+    // Whatever failed — open, write (ENOSPC), fsync, rename — the temp must not stay behind;
+    // state.json itself is untouched until the rename.
+    await fs.rm(temp, { force: true }).catch(() => undefined);
+    throw writeError(file, err);
   }
-  await fsyncDir(dir);
+  await fsyncDir(dir).catch((err: unknown) => {
+    throw writeError(dir, err);
+  });
+}
+
+/** Storage refusing the write, as opposed to a bug: the operator can act on it. */
+const STORAGE_ERRNOS: Record<string, string> = {
+  ENOSPC: 'no space left on the device',
+  EDQUOT: 'the disk quota is exhausted',
+  EROFS: 'the file system is read-only',
+  EACCES: 'permission denied',
+  EPERM: 'operation not permitted',
+  EIO: 'an I/O error',
+};
+
+function writeError(file: string, err: unknown): unknown {
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code === undefined || !(code in STORAGE_ERRNOS)) return err;
+  return new ProxyError(
+    'DP_ERR_STATE_WRITE',
+    `cannot write ${file}: ${STORAGE_ERRNOS[code]} (${code}); nothing was stored and the previous generation is still served`,
+    { file, errno: code },
+    { cause: err },
+  );
 }
 
 async function fsyncDir(dir: string): Promise<void> {

@@ -150,7 +150,13 @@ class SqliteStore implements WatchedStateStore {
       if (info.changes !== 1) throw mismatch(ifMatch ?? row.generation, row.generation);
       return { result: { changed: true, generation, hash }, row: { generation, document: '', updatedAt } };
     });
-    const { result, row } = tx.immediate();
+    let outcome: { result: WriteResult; row: RawRow };
+    try {
+      outcome = tx.immediate();
+    } catch (err) {
+      throw storageError(this.file, err);
+    }
+    const { result, row } = outcome;
     if (result.changed) this.tracker.wrote({ generation: result.generation, hash, state, updatedAt: row.updatedAt });
     else this.tracker.accept(row);
     return result;
@@ -205,6 +211,18 @@ class SqliteStore implements WatchedStateStore {
     if (this.timer) clearInterval(this.timer);
     this.timer = undefined;
   }
+}
+
+/** SQLite refusing the write for want of space or permission: the operator can act on it. */
+function storageError(file: string, err: unknown): unknown {
+  const code = (err as { code?: unknown }).code;
+  if (typeof code !== 'string' || !/^SQLITE_(FULL|READONLY|IOERR|CANTOPEN|PERM)/.test(code)) return err;
+  return new ProxyError(
+    'DP_ERR_STATE_WRITE',
+    `cannot write ${file}: ${(err as Error).message} (${code}); nothing was stored and the previous generation is still served`,
+    { file, errno: code },
+    { cause: err },
+  );
 }
 
 export function mismatch(ifMatch: number, generation: number): ProxyError {

@@ -4,7 +4,7 @@
 // document stays current and health() says why (RowTracker below does that bookkeeping).
 
 import type { Logger } from 'pino';
-import { formatIssue, hashSpec, validate, type SpecIssue } from '../spec/index.js';
+import { SpecError, formatIssue, hashSpec, parseJsonText, validate, type SpecIssue } from '../spec/index.js';
 import type { StateStore, StoredState } from './store.js';
 
 export type StoreKind = 'file' | 'sqlite' | 'postgres';
@@ -182,10 +182,10 @@ function checkRow(row: RawRow): Checked {
   let doc = row.document;
   if (typeof doc === 'string') {
     try {
-      doc = JSON.parse(doc);
+      doc = parseJsonText(doc, 'not JSON');
     } catch (err) {
-      const message = `not JSON (${(err as Error).message})`;
-      return { ok: false, message, issues: [{ path: '', message }] };
+      if (!(err instanceof SpecError)) throw err;
+      return { ok: false, message: err.issues.map(formatIssue).join('; '), issues: err.issues };
     }
   }
   if (typeof doc === 'object' && doc !== null && !Array.isArray(doc) && 'metadata' in doc) {

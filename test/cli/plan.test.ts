@@ -6,6 +6,7 @@ import { planCommand } from '../../src/cli/plan.js';
 import { freePort } from '../helpers/ports.js';
 import { tmpDir } from '../helpers/tmp.js';
 import { ANSI, captureIo, startTestGateway, type TestGateway } from './client-fixture.js';
+import { keyBody, TEST_KEY_A, TEST_KEY_B } from '../helpers/keys.js';
 
 const EXAMPLE = 'examples/local-state.yaml';
 const t = tmpDir();
@@ -100,11 +101,11 @@ describe('dstack-proxy plan', () => {
   });
 
   it('shows a changed secret only as <redacted>', async () => {
-    expect(await applyCommand.run(['-f', file('k1.json', withKey('SECRET-KEY-ONE')), '--url', gw.url], captureIo())).toBe(0);
-    const r = await plan(['-f', file('k2.json', withKey('SECRET-KEY-TWO'))]);
+    expect(await applyCommand.run(['-f', file('k1.json', withKey(TEST_KEY_A)), '--url', gw.url], captureIo())).toBe(0);
+    const r = await plan(['-f', file('k2.json', withKey(TEST_KEY_B))]);
     expect(r.code).toBe(2);
     expect(r.stdout).toContain('  ~ project demo\n      sshPrivateKey: <redacted> (changed)\n');
-    expect(r.stdout).not.toContain('SECRET-KEY');
+    for (const line of [...keyBody(TEST_KEY_A), ...keyBody(TEST_KEY_B)]) expect(r.stdout).not.toContain(line);
     // Nothing Nginx renders depends on the key: the loop has nothing to do.
     expect(r.stdout).toContain('nginx: nothing to do');
   });

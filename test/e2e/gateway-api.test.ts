@@ -21,11 +21,13 @@ import {
 import { close, startEcho } from '../helpers/http.js';
 import { freePorts } from '../helpers/ports.js';
 import { tmpDir } from '../helpers/tmp.js';
+import { keyBody, TEST_KEY_A, TEST_KEY_B } from '../helpers/keys.js';
 
-const SECRET_BODY = 'c3VwZXItc2VjcmV0LWtleS1tYXRlcmlhbC0wMDE';
-const SSH_KEY = `-----BEGIN OPENSSH PRIVATE KEY-----\n${SECRET_BODY}\n-----END OPENSSH PRIVATE KEY-----\n`;
-const SECRET_BODY_2 = 'YW5vdGhlci1zZWNyZXQta2V5LW1hdGVyaWFsLTAwMg';
-const SSH_KEY_2 = `-----BEGIN OPENSSH PRIVATE KEY-----\n${SECRET_BODY_2}\n-----END OPENSSH PRIVATE KEY-----\n`;
+// Real keys (validation parses them); a line of each key's body stands for the secret.
+const SSH_KEY = TEST_KEY_A;
+const SECRET_BODY = keyBody(SSH_KEY)[3]!;
+const SSH_KEY_2 = TEST_KEY_B;
+const SECRET_BODY_2 = keyBody(SSH_KEY_2)[3]!;
 
 let echo: Server;
 let echoPort: number;

@@ -3,6 +3,7 @@
 
 import { describe, expect, it } from 'vitest';
 import { diffSpecs, redact, REDACTED, scrubSecrets, secretsOf, type ObjectChange, type ProxyState } from '../../src/spec/index.js';
+import { keyBody, TEST_KEY_A, TEST_KEY_B, TEST_KEY_C, TEST_KEY_D } from '../helpers/keys.js';
 import { baseDocument, edited, EAB_HMAC, JUMP_KEY, MAIN_KEY, REMOVE, type Edit } from './fixtures.js';
 import { expectValid } from './expect.js';
 
@@ -128,14 +129,18 @@ describe('diffSpecs', () => {
 });
 
 describe('secrets never leave', () => {
-  const HEAD_KEY = 'head-proxy-secret-key-0004';
-  const secretEdits = (suffix: string): Edit[] => [
-    ['/spec/acme', { server: 'https://acme.example.com/dir', eabKid: 'kid-1', eabHmacKey: `${EAB_HMAC}${suffix}` }],
-    ['/spec/projects/0/sshPrivateKey', `${MAIN_KEY}${suffix}`],
-    ['/spec/projects/1/sshPrivateKey', `research-secret-key-0005${suffix}`],
-    [`${S0}/replicas/0/sshProxy`, { host: 'jump.example.net', user: 'root', privateKey: `${JUMP_KEY}${suffix}` }],
-    [`${S0}/replicas/0/sshHeadProxy`, { host: 'head.example.net', user: 'root', privateKey: `${HEAD_KEY}${suffix}` }],
-  ];
+  // Real keys (validation parses them), rotated between the two documents so every one changes.
+  const KEYS = [TEST_KEY_A, TEST_KEY_B, TEST_KEY_C, TEST_KEY_D];
+  const secretEdits = (variant: 'A' | 'B'): Edit[] => {
+    const k = variant === 'A' ? KEYS : [...KEYS.slice(1), KEYS[0]!];
+    return [
+      ['/spec/acme', { server: 'https://acme.example.com/dir', eabKid: 'kid-1', eabHmacKey: `${EAB_HMAC}${variant}` }],
+      ['/spec/projects/0/sshPrivateKey', k[0]!],
+      ['/spec/projects/1/sshPrivateKey', k[1]!],
+      [`${S0}/replicas/0/sshProxy`, { host: 'jump.example.net', user: 'root', privateKey: k[2]! }],
+      [`${S0}/replicas/0/sshHeadProxy`, { host: 'head.example.net', user: 'root', privateKey: k[3]! }],
+    ];
+  };
   const a = after(...secretEdits('A'));
   const b = after(...secretEdits('B'));
   const secrets = [...secretsOf(a), ...secretsOf(b)];
@@ -153,7 +158,7 @@ describe('secrets never leave', () => {
   ])('no secret string appears in %s', (_name, make) => {
     const text = JSON.stringify(make());
     for (const s of secrets) expect(text).not.toContain(s);
-    for (const fragment of ['main-project-secret', 'jump-host-secret', 'head-proxy-secret', 'research-secret', EAB_HMAC]) {
+    for (const fragment of [...KEYS.flatMap(keyBody), EAB_HMAC]) {
       expect(text).not.toContain(fragment);
     }
   });
@@ -166,11 +171,11 @@ describe('secrets never leave', () => {
     expect(replica.sshProxy).toEqual({ ...a.spec.services[0]!.replicas[0]!.sshProxy, privateKey: REDACTED });
     expect(replica.sshHeadProxy?.privateKey).toBe(REDACTED);
     expect(JSON.stringify(redact(before)).includes(MAIN_KEY)).toBe(false);
-    expect(a.spec.projects[0]!.sshPrivateKey).toBe(`${MAIN_KEY}A`); // the input is untouched
+    expect(a.spec.projects[0]!.sshPrivateKey).toBe(TEST_KEY_A); // the input is untouched
   });
 
   it('scrubSecrets() replaces secrets in free text', () => {
-    const text = `ssh failed with key ${JUMP_KEY}A and hmac ${EAB_HMAC}A`;
+    const text = `ssh failed with key ${TEST_KEY_C} and hmac ${EAB_HMAC}A`;
     const scrubbed = scrubSecrets(text, a);
     for (const s of secretsOf(a)) expect(scrubbed).not.toContain(s);
     expect(scrubbed).toBe(`ssh failed with key ${REDACTED} and hmac ${REDACTED}`);

@@ -2,9 +2,11 @@
 
 import type { ProxyStateInput } from '../../src/spec/input.js';
 import { API_VERSION, KIND } from '../../src/spec/index.js';
+import { TEST_KEY_A, TEST_KEY_B } from '../helpers/keys.js';
 
-export const MAIN_KEY = '-----BEGIN OPENSSH PRIVATE KEY-----\nmain-project-secret-0001\n-----END OPENSSH PRIVATE KEY-----\n';
-export const JUMP_KEY = '-----BEGIN OPENSSH PRIVATE KEY-----\njump-host-secret-0002\n-----END OPENSSH PRIVATE KEY-----\n';
+/** Real keys: validation parses every private key. */
+export const MAIN_KEY = TEST_KEY_A;
+export const JUMP_KEY = TEST_KEY_B;
 export const EAB_HMAC = 'ZWFiLWhtYWMtc2VjcmV0LTAwMDM';
 
 /** A small valid document touching every kind of object; tests edit copies of it. */
@@ -31,7 +33,7 @@ export function baseDocument(): ProxyStateInput {
           project: 'research',
           run: 'mistral',
           domain: 'mistral.gw.example.com',
-          model: { name: 'mistralai/Mistral-7B', format: 'tgi', eosToken: '</s>' },
+          model: { name: 'mistralai/Mistral-7B', format: 'tgi', chatTemplate: '{% for m in messages %}{{ m.content }}{% endfor %}', eosToken: '</s>' },
           replicas: [{ id: 'r3', appPort: 80, direct: { host: '10.0.0.6', port: 80 } }],
         },
       ],

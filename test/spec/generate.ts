@@ -2,6 +2,7 @@
 
 import type { ProxyStateInput, ReplicaInput, ServiceInput } from '../../src/spec/input.js';
 import { API_VERSION, KIND } from '../../src/spec/index.js';
+import { TEST_KEY_A, TEST_KEY_B, TEST_KEY_C, TEST_KEY_D } from '../helpers/keys.js';
 import { chance, int, pick, type Rng } from './fixtures.js';
 
 const FINGERPRINT = `SHA256:${'A'.repeat(42)}Q`;
@@ -9,7 +10,7 @@ const FINGERPRINT = `SHA256:${'A'.repeat(42)}Q`;
 export function randomDocument(rng: Rng): ProxyStateInput {
   const projects = Array.from({ length: int(rng, 1, 4) }, (_, i) => ({
     name: `proj-${i}-${int(rng, 0, 99)}`,
-    ...(chance(rng, 0.7) ? { sshPrivateKey: `-----BEGIN KEY-----\nproject-${i}-${int(rng, 0, 1e6)}\n-----END KEY-----\n` } : {}),
+    ...(chance(rng, 0.7) ? { sshPrivateKey: pick(rng, [TEST_KEY_A, TEST_KEY_B, TEST_KEY_C, TEST_KEY_D]) } : {}),
   }));
   const doc: ProxyStateInput = { apiVersion: API_VERSION, kind: KIND, spec: {} };
   if (chance(rng)) {
@@ -45,7 +46,7 @@ export function randomDocument(rng: Rng): ProxyStateInput {
         : {
             name: `org/model-${i}`,
             format: 'tgi',
-            ...(chance(rng) ? { chatTemplate: '{{ messages }}' } : {}),
+            chatTemplate: '{{ messages }}',
             ...(chance(rng) ? { eosToken: '</s>' } : {}),
           };
     }
@@ -78,8 +79,8 @@ function randomReplica(rng: Rng, id: string, canSsh: boolean): ReplicaInput {
     ...(chance(rng, 0.3) ? { hostKeyFingerprint: FINGERPRINT } : {}),
   });
   r.ssh = hop(`host-${id}.example.net`);
-  if (chance(rng, 0.4)) r.sshProxy = { ...hop('jump.example.net'), ...(chance(rng) ? { privateKey: `jump-key-${id}` } : {}) };
-  if (chance(rng, 0.2)) r.sshHeadProxy = { ...hop('bastion.example.net'), ...(chance(rng) ? { privateKey: `head-key-${id}` } : {}) };
+  if (chance(rng, 0.4)) r.sshProxy = { ...hop('jump.example.net'), ...(chance(rng) ? { privateKey: pick(rng, [TEST_KEY_C, TEST_KEY_D]) } : {}) };
+  if (chance(rng, 0.2)) r.sshHeadProxy = { ...hop('bastion.example.net'), ...(chance(rng) ? { privateKey: pick(rng, [TEST_KEY_C, TEST_KEY_D]) } : {}) };
   return r;
 }
 

@@ -45,6 +45,27 @@ describe('parseDocument', () => {
     expect(err.issues[0]!.message).toMatch(message);
   });
 
+  it.each<[string, string, string, RegExp]>([
+    ['a duplicate top-level key', '{"project":"a","auth":true,"auth":false}', '/auth', /the key "auth" appears twice/],
+    ['a duplicate key in an array element', '{"spec":{"services":[{"run":"a"},{"run":"b","auth":true,"auth":false}]}}', '/spec/services/1/auth', /appears twice/],
+    ['a duplicate spelt with an escape', '{"spec":{"kind":1,"\\u006bind":2}}', '/spec/kind', /appears twice/],
+    ['a duplicate after a string holding quotes and braces', '{"a":"\\"},{\\\\","b":1,"b":2}', '/b', /line 1, column 22/],
+  ])('rejects JSON with %s as malformed, with the path of the second key', (_name, text, path, message) => {
+    const err = specError(() => parseDocument(text, 'json'));
+    expect(err.kind).toBe('malformed');
+    expect(err.issues).toEqual([{ path, message: expect.stringMatching(message) }]);
+  });
+
+  it('accepts the same key in different objects', () => {
+    expect(parseDocument('{"a":{"a":1},"b":[{"a":1},{"a":2}],"c":"\\"a\\":"}', 'json')).toEqual({ a: { a: 1 }, b: [{ a: 1 }, { a: 2 }], c: '"a":' });
+  });
+
+  it('reports malformed JSON by line and column, without quoting the text', () => {
+    const err = specError(() => parseDocument('{\n  "eabHmacKey": "hmacSECRET" x\n}', 'json'));
+    expect(err.issues[0]!.message).toBe("Malformed JSON: Expected ',' or '}' after property value (at line 2, column 30).");
+    expect(specError(() => parseDocument('hmacSECRET', 'json')).issues[0]!.message).not.toMatch(/hmac|SECRET/);
+  });
+
   it('rejects a document over 16 MiB before parsing it', () => {
     const text = `# ${'x'.repeat(MAX_DOCUMENT_BYTES)}\n`;
     const err = specError(() => parseDocument(text, 'yaml'));

@@ -126,6 +126,28 @@ const rules: Rule[] = [
       { when: 'eabHmacKey without eabKid', edits: [['/spec/acme/eabHmacKey', 'c2VjcmV0']], errors: [['/spec/acme/eabKid', /is required when eabHmacKey is set/]] },
     ],
   },
+  {
+    // Secrets are described (length, position and kind of the bad character), never quoted.
+    rule: 'a bad eabHmacKey is explained without showing it',
+    valid: [['/spec/acme/eabKid', 'kid-123'], ['/spec/acme/eabHmacKey', 'c2VjcmV0_-+/=']],
+    invalid: [
+      {
+        when: 'a trailing newline',
+        edits: [['/spec/acme/eabKid', 'k'], ['/spec/acme/eabHmacKey', 'hmacSECRET\n']],
+        errors: [['/spec/acme/eabHmacKey', /^must be base64 or base64url.*; character 11 of 11 is a line break at the end .*not shown\)\.$/]],
+      },
+      {
+        when: 'a space inside',
+        edits: [['/spec/acme/eabKid', 'k'], ['/spec/acme/eabHmacKey', 'hmac SECRET']],
+        errors: [['/spec/acme/eabHmacKey', /character 5 of 11 is white space/]],
+      },
+      {
+        when: 'more than 512 characters',
+        edits: [['/spec/acme/eabKid', 'k'], ['/spec/acme/eabHmacKey', 'S'.repeat(513)]],
+        errors: [['/spec/acme/eabHmacKey', /it has 513 characters/]],
+      },
+    ],
+  },
 ];
 
 describe.each(rules)('schema: $rule', (r) => checkRule(baseDocument(), r, it));

@@ -1,6 +1,7 @@
 // Every rule in src/spec/semantic.ts: a document that follows it and documents that break it,
 // each with the exact JSON-pointer path and a message that names the problem.
 
+import { TEST_KEY_C } from '../helpers/keys.js';
 import { describe, expect, it } from 'vitest';
 import { MAX_SERVICES, validate } from '../../src/spec/index.js';
 import { baseDocument, edited, REMOVE } from './fixtures.js';
@@ -76,7 +77,7 @@ const rules: Rule[] = [
     rule: 'jump hosts come only with ssh',
     valid: [
       [`${S0}/replicas/0/sshProxy`, { host: '198.51.100.2', user: 'root' }],
-      [`${S0}/replicas/0/sshHeadProxy`, { host: '192.0.2.9', port: 2222, user: 'debian', privateKey: 'k' }],
+      [`${S0}/replicas/0/sshHeadProxy`, { host: '192.0.2.9', port: 2222, user: 'debian', privateKey: TEST_KEY_C }],
     ],
     invalid: [
       { when: 'sshProxy on a direct replica', edits: [[`${S0}/replicas/1/sshProxy`, { host: '198.51.100.2', user: 'root' }]], errors: [[`${S0}/replicas/1/sshProxy`, /is only allowed with 'ssh'/]] },
@@ -93,12 +94,12 @@ const rules: Rule[] = [
   },
   {
     rule: 'an ssh replica needs a project with a private key',
-    valid: [['/spec/projects/1/sshPrivateKey', 'research-key'], [`${S1}/replicas/0`, { id: 'r3', appPort: 80, ssh: { host: 'h', user: 'u' } }]],
+    valid: [['/spec/projects/1/sshPrivateKey', TEST_KEY_C], [`${S1}/replicas/0`, { id: 'r3', appPort: 80, ssh: { host: 'h', user: 'u' } }]],
     invalid: [
       { when: 'an ssh replica in a project without a key', edits: [[`${S1}/replicas/0`, { id: 'r3', appPort: 80, ssh: { host: 'h', user: 'u' } }]], errors: [[`${S1}/replicas/0/ssh`, /needs a private key: project "research" has no sshPrivateKey/]] },
       {
         when: 'an ssh replica whose only key is on its jump host',
-        edits: [[`${S1}/replicas/0`, { id: 'r3', appPort: 80, ssh: { host: 'h', user: 'u' }, sshProxy: { host: 'j', user: 'u', privateKey: 'k' } }]],
+        edits: [[`${S1}/replicas/0`, { id: 'r3', appPort: 80, ssh: { host: 'h', user: 'u' }, sshProxy: { host: 'j', user: 'u', privateKey: TEST_KEY_C } }]],
         errors: [[`${S1}/replicas/0/ssh`, /has no sshPrivateKey/]],
       },
     ],
@@ -131,6 +132,8 @@ const rules: Rule[] = [
     valid: [[`${S0}/model/prefix`, '/openai/v1'], [`${S1}/model/chatTemplate`, '{{ messages }}']],
     invalid: [
       { when: "a prefix on a 'tgi' model", edits: [[`${S1}/model/prefix`, '/v1']], errors: [[`${S1}/model/prefix`, /is only allowed with format 'openai'/]] },
+      { when: "a 'tgi' model without a chatTemplate", edits: [[`${S1}/model/chatTemplate`, REMOVE]], errors: [[`${S1}/model/chatTemplate`, /is required with format 'tgi'/]] },
+      { when: "a 'tgi' model with an empty chatTemplate", edits: [[`${S1}/model/chatTemplate`, '']], errors: [[`${S1}/model/chatTemplate`, /is required with format 'tgi'/]] },
       { when: "a chatTemplate on an 'openai' model", edits: [[`${S0}/model/chatTemplate`, '{{ x }}']], errors: [[`${S0}/model/chatTemplate`, /is only allowed with format 'tgi'/]] },
       { when: "an eosToken on an 'openai' model", edits: [[`${S0}/model/eosToken`, '</s>']], errors: [[`${S0}/model/eosToken`, /is only allowed with format 'tgi'/]] },
       { when: "an 'openai' prefix with a brace", edits: [[`${S0}/model/prefix`, '/v1{']], errors: [[`${S0}/model/prefix`, /must not contain .*'\{'.*got "\/v1\{"/]] },

@@ -2,6 +2,7 @@
 // which the compiler checks through Required<…>) validates, and the schema defines exactly
 // the properties that document has.
 
+import { TEST_KEY_A, TEST_KEY_C, TEST_KEY_D } from '../helpers/keys.js';
 import { describe, expect, it } from 'vitest';
 import { proxyStateSchema } from '../../src/spec/schema.js';
 import type {
@@ -24,8 +25,8 @@ import { expectValid } from './expect.js';
 
 const fingerprint = `SHA256:${'B'.repeat(43)}`;
 const hop: Required<SshHop> = { host: '203.0.113.7', port: 22, user: 'ubuntu', hostKeyFingerprint: fingerprint };
-const proxyHop: Required<SshProxyHop> = { host: '198.51.100.2', port: 2222, user: 'root', hostKeyFingerprint: fingerprint, privateKey: 'jump-key' };
-const headHop: Required<SshProxyHop> = { host: '192.0.2.9', port: 2200, user: 'debian', hostKeyFingerprint: fingerprint, privateKey: 'head-key' };
+const proxyHop: Required<SshProxyHop> = { host: '198.51.100.2', port: 2222, user: 'root', hostKeyFingerprint: fingerprint, privateKey: TEST_KEY_C };
+const headHop: Required<SshProxyHop> = { host: '192.0.2.9', port: 2200, user: 'debian', hostKeyFingerprint: fingerprint, privateKey: TEST_KEY_D };
 const direct: Required<DirectTarget> = { host: '10.0.0.5', port: 8000 };
 const sshReplica: Required<Omit<Replica, 'direct'>> = { id: 'r1', appPort: 8000, ssh: hop, sshProxy: proxyHop, sshHeadProxy: headHop };
 const directReplica: Required<Pick<Replica, 'id' | 'appPort' | 'direct'>> = { id: 'r2', appPort: 8000, direct };
@@ -47,7 +48,7 @@ const service = (run: string, model: NonNullable<Service['model']>, replicas: Re
   replicas,
 });
 const acme: Required<Acme> = { server: 'https://acme.example.com/dir', eabKid: 'kid-1', eabHmacKey: 'c2VjcmV0', email: 'ops@example.com' };
-const project: Required<Project> = { name: 'main', sshPrivateKey: 'project-key' };
+const project: Required<Project> = { name: 'main', sshPrivateKey: TEST_KEY_A };
 const entrypoint: Required<Entrypoint> = { project: 'main', domain: 'gateway.gw.example.com', https: false };
 const metadata: Required<Metadata> = { generation: 3, hash: 'c'.repeat(64) };
 const spec: Required<ProxyStateSpec> = {

@@ -97,6 +97,7 @@ describe('file state store', () => {
   it.each([
     ['not JSON', '{"apiVersion": "proxy.dstack.ai/v1alpha1", "kind":', /not JSON/],
     ['an array', '[]', /not a JSON object/],
+    ['a repeated key', '{"apiVersion": "proxy.dstack.ai/v1alpha1", "kind": "ProxyState", "kind": "ProxyState", "spec": {}}', /\/kind: not JSON: the key "kind" appears twice/],
     ['no generation', JSON.stringify({ ...docA }), /metadata.generation/],
     ['an invalid document', JSON.stringify({ ...docA, kind: 'Nope', metadata: { generation: 1, hash: 'x' } }), /\/kind/],
   ])('names the file when it is corrupt: %s', async (_what, text, why) => {
@@ -109,6 +110,24 @@ describe('file state store', () => {
     expect((err as ProxyError).code).toBe('DP_ERR_STATE_CORRUPT');
     expect((err as Error).message).toContain(file);
     expect((err as Error).message).toMatch(why);
+  });
+
+  it.each([
+    ['an eabHmacKey with a trailing newline', (secret: string) => ({ acme: { eabKid: 'k', eabHmacKey: `${secret}\n` } })],
+    ['an eabHmacKey with a bad character', (secret: string) => ({ acme: { eabKid: 'k', eabHmacKey: `${secret}*` } })],
+    ['an eabHmacKey over 512 characters', (secret: string) => ({ acme: { eabKid: 'k', eabHmacKey: secret.repeat(20) } })],
+    ['an sshPrivateKey that is not a string', (secret: string) => ({ projects: [{ name: 'p', sshPrivateKey: [secret] }] })],
+  ])('a hand-edited state.json with %s is refused without quoting the secret', async (_what, spec) => {
+    const secret = 'Zq8xW3kP9vL2mN7bT4yR6cH1jF5gD0sAuE';
+    const { mkdirSync } = await import('node:fs');
+    mkdirSync(stateDir, { recursive: true });
+    const doc = { apiVersion: docA.apiVersion, kind: docA.kind, metadata: { generation: 2, hash: 'x' }, spec: spec(secret) };
+    writeFileSync(path.join(stateDir, STATE_FILE), JSON.stringify(doc));
+    const err = (await openFileStore({ stateDir }).catch((e: unknown) => e)) as ProxyError;
+    expect(err.code).toBe('DP_ERR_STATE_CORRUPT');
+    expect(err.message).toMatch(/\/spec\/(acme\/eabHmacKey|projects\/0\/sshPrivateKey)/);
+    const leaked = [...Array(secret.length - 3).keys()].map((i) => secret.slice(i, i + 4)).filter((w) => err.message.includes(w));
+    expect(leaked).toEqual([]);
   });
 
   it('refuses a hand-edited file whose hash no longer matches', async () => {

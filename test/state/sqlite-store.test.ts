@@ -1,8 +1,9 @@
-import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { ProxyError } from '../../src/errors.js';
 import { loadDocument } from '../../src/spec/index.js';
 import { openSqliteStore } from '../../src/state/sqlite-store.js';
 import type { StoredState } from '../../src/state/store.js';
@@ -19,6 +20,51 @@ describe('SQLite state store', () => {
     file = path.join(t.dir, 'nested', 'proxy.db');
   });
   afterEach(() => t.cleanup());
+
+  it.skipIf(process.getuid?.() !== 0)('a full disk: DP_ERR_STATE_WRITE naming the file, the last document kept', async () => {
+    const dir = path.join(t.dir, 'tiny');
+    mkdirSync(dir);
+    expect(spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', dir]).status).toBe(0);
+    try {
+      const db = path.join(dir, 'proxy.db');
+      const store = await openSqliteStore({ path: db });
+      await store.write(docA);
+      try {
+        for (;;) writeFileSync(path.join(dir, 'filler'), Buffer.alloc(16 * 1024, 1), { flag: 'a' });
+      } catch {
+        // ENOSPC: full
+      }
+      const big = { ...docA, spec: { ...docA.spec, services: docA.spec.services.map((s) => ({ ...s, run: `${s.run}-${'x'.repeat(40)}` })) } };
+      const many = { ...big, spec: { ...big.spec, services: Array.from({ length: 400 }, (_, i) => ({ ...big.spec.services[0]!, run: `run-${i}`, replicas: [] })) } };
+      const err = (await store.write(many).catch((e: unknown) => e)) as ProxyError;
+      expect(err).toBeInstanceOf(ProxyError);
+      expect(err).toMatchObject({ code: 'DP_ERR_STATE_WRITE', status: 503, details: { file: db, errno: expect.stringMatching(/^SQLITE_FULL/) } });
+      expect(err.message).toContain(db);
+      expect((await store.read()).generation).toBe(1);
+      await store.close();
+    } finally {
+      spawnSync('umount', ['-l', dir]);
+    }
+  });
+
+  it('refuses a row whose JSON repeats a key, keeping the last good document', async () => {
+    const store = await openSqliteStore({ path: file });
+    await store.write(docA);
+    const text = JSON.stringify({ apiVersion: docA.apiVersion, kind: docA.kind, spec: docA.spec });
+    // Templated by a control server: the second "auth" would silently switch auth on or off under JSON.parse.
+    const dup = text.replace('"auth":false', '"auth":false,"auth":true');
+    expect(dup).not.toBe(text);
+    const db = new Database(file);
+    db.prepare('UPDATE proxy_state SET generation = 2, document = ? WHERE id = 1').run(dup);
+    db.close();
+    expect((await store.read()).generation).toBe(1);
+    expect(store.health().lastError).toMatchObject({
+      reason: 'invalid',
+      generation: 2,
+      issues: [{ path: expect.stringMatching(/^\/spec\/services\/\d+\/auth$/), message: expect.stringMatching(/"auth" appears twice/) }],
+    });
+    await store.close();
+  });
 
   it('creates the file 0600 (and its WAL files) in a new 0700 directory, in WAL mode', async () => {
     const store = await openSqliteStore({ path: file });

@@ -74,3 +74,6 @@ export function ignoreSender(client: Ssh2.Client): (() => void) | null {
     send(p, writer.finalize(packet));
   };
 }
+
+/** ssh2's key parser, from the copy loaded above (requiring it apart would load ssh2 unpooled). */
+export const parseKey: typeof Ssh2.utils.parseKey = ssh2.utils.parseKey;

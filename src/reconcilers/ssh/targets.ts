@@ -6,6 +6,7 @@
 import { createHash } from 'node:crypto';
 import type { ProxyState, Replica, SshHop, SshProxyHop } from '../../spec/types.js';
 import { DEFAULT_SSH_PORT, serviceKey } from '../../spec/types.js';
+import { privateKeyReader, type UsableKey } from '../../spec/keys.js';
 
 export interface HopTarget {
   host: string;
@@ -37,6 +38,7 @@ export interface DesiredSsh {
 
 /** Pure: the sockets and connections the spec asks for. */
 export function desiredFromSpec(state: ProxyState, appHost = 'localhost'): DesiredSsh {
+  const readKey = privateKeyReader();
   const keys = new Map(state.spec.projects.map((p) => [p.name, p.sshPrivateKey]));
   const services = new Set<string>();
   const replicas = new Map<string, DesiredReplica>();
@@ -44,14 +46,19 @@ export function desiredFromSpec(state: ProxyState, appHost = 'localhost'): Desir
     const sk = serviceKey(s);
     services.add(sk);
     for (const r of s.replicas) {
-      const { target, problem } = targetOf(r, keys.get(s.project), appHost);
+      const { target, problem } = targetOf(r, keys.get(s.project), appHost, readKey);
       replicas.set(r.id, { id: r.id, serviceKey: sk, target, problem, fingerprint: fingerprintOf(sk, target) });
     }
   }
   return { services, replicas };
 }
 
-function targetOf(r: Replica, projectKey: string | undefined, appHost: string): { target: ReplicaTarget; problem: string | null } {
+function targetOf(
+  r: Replica,
+  projectKey: string | undefined,
+  appHost: string,
+  readKey: (text: string) => UsableKey,
+): { target: ReplicaTarget; problem: string | null } {
   if (r.direct) return { target: { kind: 'direct', host: r.direct.host, port: r.direct.port }, problem: null };
   const hops: HopTarget[] = [];
   let problem: string | null = null;
@@ -59,7 +66,7 @@ function targetOf(r: Replica, projectKey: string | undefined, appHost: string): 
     if (!hop) return;
     const key = ('privateKey' in hop ? hop.privateKey : undefined) ?? projectKey;
     if (!key) problem ??= `no private key for the ${name} hop ${hop.user}@${hop.host}`;
-    const h: HopTarget = { host: hop.host, port: hop.port ?? DEFAULT_SSH_PORT, user: hop.user, privateKey: key ?? '' };
+    const h: HopTarget = { host: hop.host, port: hop.port ?? DEFAULT_SSH_PORT, user: hop.user, privateKey: key ? forSsh2(key, readKey) : '' };
     if (hop.hostKeyFingerprint) h.hostKeyFingerprint = hop.hostKeyFingerprint;
     hops.push(h);
   };
@@ -68,6 +75,16 @@ function targetOf(r: Replica, projectKey: string | undefined, appHost: string): 
   add(r.ssh, 'destination');
   if (!r.ssh) problem ??= 'the replica has neither ssh nor direct';
   return { target: { kind: 'ssh', hops, appHost, appPort: r.appPort }, problem };
+}
+
+/**
+ * The key as ssh2 reads it: PKCS#8 converted (once per distinct key: the reader memoises).
+ * A key validation would refuse — only in a state built in code — goes on as it is, and
+ * connecting reports ssh2's reason.
+ */
+function forSsh2(key: string, readKey: (text: string) => UsableKey): string {
+  const usable = readKey(key);
+  return usable.ok ? usable.key : key;
 }
 
 function fingerprintOf(sk: string, target: ReplicaTarget): string {
