@@ -14,6 +14,7 @@ import type { Clock } from '../reconcilers/clock.js';
 import { createNginxLoop, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
 import { certForFromStatus, createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
+import { removeEabLeftovers } from '../reconcilers/tls/certbot.js';
 import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import type { AnyLoop, StatusSnapshot } from '../reconcilers/types.js';
 import { createStatsCollector } from '../reconcilers/stats/index.js';
@@ -67,6 +68,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   await mkdir(join(acmeWebroot, '.well-known', 'acme-challenge'), { recursive: true });
   await mkdir(logsDir, { recursive: true });
   const accessLog = join(logsDir, 'access.log');
+  // certbot's EAB config files (the HMAC key) that a crash during a run left behind.
+  await removeEabLeftovers(certbotDirsUnder(options.certbotDir ? resolve(options.certbotDir) : join(stateDir, 'certbot')).workDir);
   let nginx: NginxProcess | undefined;
   let confDir: string;
   let mainConfPath: string;
@@ -81,6 +84,10 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       paths,
       nginxBin: options.nginxBin,
       logger: logger.child({ component: 'nginx' }),
+      // A master that died or came back: a pass reports it and re-applies what a failed reload rolled back.
+      onEvent: (e) => {
+        if ((e.type === 'exited' && !e.expected) || e.type === 'restart-failed' || (e.type === 'started' && nginx?.info.lastExit)) controller.notify();
+      },
     });
     test = (conf) => testConfig(conf, paths.prefix, { nginxBin: options.nginxBin });
     reload = () => nginx!.reload();
@@ -134,6 +141,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     upstreamFor: (service) => ({ kind: 'socket', path: sshLoop.balancer.socketPathFor(serviceKey(service)) }),
     dependsOn: [TLS_LOOP, SSH_LOOP],
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
+    ...(nginx ? { supervisor: () => nginx!.info } : {}),
   });
   const loops = [sshLoop, tlsLoop, nginxLoop] as unknown as AnyLoop[];
   const controller = new Controller({
@@ -190,7 +198,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const stats = createStatsCollector({ accessLogPath: accessLog, logger: logger.child({ component: 'stats' }) });
   const metrics = createMetrics({
     loops: () => controller.counters(),
-    nginx: () => nginxLoop.stats,
+    nginx: () => ({ ...nginxLoop.stats, ...(nginx ? { restarts: nginx.info.restarts, staleStopped: nginx.info.staleStopped } : {}) }),
     nginxConfigHash: () => nginxLoop.stats.configHash,
     generation: () => current.generation,
     services: () => stats.totals(current.state),

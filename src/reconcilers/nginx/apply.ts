@@ -132,6 +132,35 @@ export async function writeAtomic(path: string, text: string, makeDir = true): P
   await rename(tmp, path);
 }
 
+const TEMP_RE = /^\..+\.[0-9a-f]{8}\.tmp$/;
+
+/**
+ * Remove what a crash in the middle of an apply leaves behind: candidate trees and candidate
+ * main confs of an interrupted `nginx -t` (next to the conf dir and the main conf), and temp
+ * files of writeAtomic in the conf dir. Only names this module makes are touched. Call it
+ * before the first apply; the names are the ones withCandidate() and writeAtomic() use.
+ */
+export async function removeApplyLeftovers(sitesDir: string, mainConfPath: string): Promise<string[]> {
+  const removed: string[] = [];
+  const cand = new RegExp(`^\\.${escapeRe(basename(sitesDir))}\\.candidate-[0-9a-f]{8}$`);
+  const scan = async (dir: string, match: (name: string, isDir: boolean) => boolean): Promise<void> => {
+    const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+    for (const e of entries) {
+      if (!match(e.name, e.isDirectory())) continue;
+      await rm(join(dir, e.name), { recursive: true, force: true });
+      removed.push(join(dir, e.name));
+    }
+  };
+  await scan(dirname(sitesDir), (name, isDir) => isDir && cand.test(name));
+  await scan(dirname(mainConfPath), (name, isDir) => !isDir && /^\.dstack-proxy-candidate-[0-9a-f]{8}\.conf$/.test(name));
+  for (const sub of ['', SITES_SUBDIR]) await scan(join(sitesDir, sub), (name, isDir) => !isDir && TEMP_RE.test(name));
+  return removed;
+}
+
+function escapeRe(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+}
+
 async function removeFile(path: string): Promise<void> {
   await unlink(path).catch((e: NodeJS.ErrnoException) => {
     if (e.code !== 'ENOENT') throw e;

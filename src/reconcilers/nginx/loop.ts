@@ -7,9 +7,9 @@ import { createHash } from 'node:crypto';
 import { TerminalError } from '../../errors.js';
 import type { ProxyState, Service } from '../../spec/types.js';
 import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot } from '../types.js';
-import { applyFiles, readOwned, unifiedDiff, type FilePlan } from './apply.js';
+import { applyFiles, readOwned, removeApplyLeftovers, unifiedDiff, type FilePlan } from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
-import type { TestResult } from './nginx-process.js';
+import type { NginxProcessInfo, TestResult } from './nginx-process.js';
 import { renderAll } from './render.js';
 import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
 
@@ -29,7 +29,12 @@ export interface NginxLoopOptions {
   renderHook?: (fileName: string, text: string) => string;
   /** Dependencies whose status feeds `desired` (the TLS loop, once it exists). */
   dependsOn?: readonly string[];
+  /** The private Nginx's supervisor: its restarts are reported under PROCESS_KEY. */
+  supervisor?: () => NginxProcessInfo;
 }
+
+/** Status object of the private Nginx master, once it has died and been restarted. */
+export const PROCESS_KEY = '(nginx)';
 
 export interface FilePayload {
   name: string;
@@ -65,6 +70,15 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     for (const [svc, answer] of r.upstreams) if (JSON.stringify(o.upstreamFor!(svc)) !== answer) return false;
     return true;
   };
+  // Before the first look at the conf dir: what a crash in the middle of an apply left there.
+  let leftovers: Promise<void> | null = null;
+  const removeLeftovers = (ctx: LoopContext): Promise<void> =>
+    (leftovers ??= removeApplyLeftovers(o.confDir, o.mainConfPath).then(
+      (removed) => {
+        if (removed.length > 0) ctx.logger.warn({ removed }, 'removed files an interrupted apply left behind');
+      },
+      (err: unknown) => ctx.logger.warn({ err }, 'could not remove the files an interrupted apply left behind'),
+    ));
   return {
     name: NGINX_LOOP,
     stats,
@@ -90,6 +104,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     },
 
     async observe(ctx: LoopContext): Promise<Observed> {
+      await removeLeftovers(ctx);
       const { owned, foreign } = await readOwned(o.confDir);
       stats.configHash = configHash(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
@@ -97,7 +112,9 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       // until the controller releases their key (released() below).
       const keys = [...owned.keys()].map(objectKey);
       const rejected = ctx.status.keys().filter((k) => ctx.status.get(k)?.some((c) => c.type === 'Ready' && c.status === 'False'));
-      ctx.status.prune([...keys, ...rejected]);
+      const proc = o.supervisor?.();
+      const procKey = proc && reportProcess(ctx, proc) ? [PROCESS_KEY] : [];
+      ctx.status.prune([...keys, ...rejected, ...procKey]);
       for (const key of keys) {
         if (!ctx.status.get(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
       }
@@ -191,6 +208,26 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       return outcomes;
     },
   };
+}
+
+/**
+ * The master's condition, once it has exited unexpectedly (before that, nothing to report:
+ * the sites' own conditions say it serves). False while it is down.
+ */
+function reportProcess(ctx: LoopContext, p: NginxProcessInfo): boolean {
+  if (p.lastExit === null) return false;
+  const how = p.lastExit.signal ? `signal ${p.lastExit.signal}` : `exit code ${p.lastExit.code}`;
+  const when = new Date(p.lastExit.at).toISOString();
+  const stale = p.staleStopped > 0 ? `; stopped ${p.staleStopped} leftover Nginx process(es) of this prefix` : '';
+  if (p.running) {
+    const message = `restarted (pid ${p.pid}) after it exited with ${how} at ${when}; ${p.restarts} restart(s) so far${stale}`;
+    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'True', reason: 'Restarted', message });
+  } else if (p.restartError) {
+    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'False', reason: 'RestartFailed', message: `exited with ${how} at ${when}; restart failed: ${p.restartError}` });
+  } else {
+    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'False', reason: 'Restarting', message: `exited with ${how} at ${when}; restarting` });
+  }
+  return true;
 }
 
 /**

@@ -1,7 +1,7 @@
 // The private Nginx: its main conf, `nginx -t`, and a supervised master process. Also the
 // system-mode counterparts (an operator-managed Nginx reloaded by a command).
 
-import { mkdir, open, readFile, readdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, readlink, stat, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
@@ -154,7 +154,22 @@ export type NginxEvent =
   | { type: 'exited'; code: number | null; signal: string | null; expected: boolean }
   | { type: 'restarting'; attempt: number; delayMs: number }
   | { type: 'restart-failed'; attempt: number; error: string }
-  | { type: 'reloaded' };
+  | { type: 'reloaded' }
+  | { type: 'stale-stopped'; pids: number[]; killed: number[] };
+
+/** What the supervisor knows about its master, for the status and /metrics. */
+export interface NginxProcessInfo {
+  /** A master is up and serving (it wrote its pid). */
+  running: boolean;
+  pid: number | undefined;
+  /** Successful restarts after an unexpected exit. */
+  restarts: number;
+  /** Nginx processes of this prefix left by someone else (a killed gateway or master), stopped. */
+  staleStopped: number;
+  lastExit: { code: number | null; signal: string | null; at: number } | null;
+  /** The last restart attempt that failed, while no master runs. */
+  restartError: string | null;
+}
 
 export interface NginxProcessOptions {
   paths: NginxPaths;
@@ -166,6 +181,8 @@ export interface NginxProcessOptions {
   restartMaxMs?: number;
   /** How long start() and reload() wait for Nginx. Default 15 s (a busy bind retries 5 × 500 ms). */
   timeoutMs?: number;
+  /** How long a stale Nginx of this prefix gets after SIGTERM before SIGKILL. Default 2 s. */
+  staleGraceMs?: number;
 }
 
 async function waitFor<T>(deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
@@ -211,6 +228,93 @@ async function childrenOf(pid: number): Promise<number[]> {
   return out;
 }
 
+interface ProcEntry {
+  pid: number;
+  ppid: number;
+  /** One letter: R, S, D, Z (zombie: exited, holds nothing), … */
+  state: string;
+  comm: string;
+  /** Start time in clock ticks since boot: tells a pid apart from a later process reusing it. */
+  startTime: string;
+}
+
+async function procEntry(pid: number): Promise<ProcEntry | null> {
+  const st = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  const close = st.lastIndexOf(')');
+  if (close < 0) return null;
+  // "pid (comm) state ppid pgrp session tty tpgid flags minflt … starttime(22nd) …"
+  const rest = st.slice(close + 2).split(' ');
+  return { pid, ppid: Number(rest[1]), state: rest[0] ?? '', comm: st.slice(st.indexOf('(') + 1, close), startTime: rest[19] ?? '' };
+}
+
+/** Alive and still the same process (not exited, not a zombie, pid not reused). */
+async function stillRunning(p: ProcEntry): Promise<boolean> {
+  const now = await procEntry(p.pid);
+  return now !== null && now.state !== 'Z' && now.startTime === p.startTime;
+}
+
+/**
+ * Nginx daemons (master, workers, cache processes) of this prefix: their title starts with
+ * "nginx: " and they hold this prefix's error log open, or — a master — name the prefix after
+ * `-p`. An `nginx -t` (raw argv, no title) and other prefixes' Nginx never match, nor does an
+ * unrelated process that reused a pid from nginx.pid.
+ */
+export async function nginxOfPrefix(paths: NginxPaths): Promise<ProcEntry[]> {
+  const out: ProcEntry[] = [];
+  const log = resolve(paths.errorLogPath);
+  const prefix = resolve(paths.prefix);
+  for (const name of await readdir('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    const p = await procEntry(Number(name));
+    if (!p || p.comm !== 'nginx' || p.state === 'Z') continue;
+    const title = (await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '')).replace(/\0+$/, '');
+    if (!title.startsWith('nginx: ')) continue;
+    const args = title.split(/[\0 ]+/);
+    const named = args.some((a, i) => a === '-p' && args[i + 1] !== undefined && resolve(args[i + 1]!) === prefix);
+    if (named || (await holdsFile(p.pid, log))) out.push(p);
+  }
+  return out;
+}
+
+async function holdsFile(pid: number, path: string): Promise<boolean> {
+  const fds = await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]);
+  for (const fd of fds) {
+    const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '');
+    if (target === path || target === `${path} (deleted)`) return true;
+  }
+  return false;
+}
+
+/** SIGTERM every process, then SIGKILL what is left after graceMs; resolves once all are gone. */
+async function terminate(procs: ProcEntry[], graceMs: number): Promise<{ killed: number[]; left: number[] }> {
+  const signal = async (p: ProcEntry, sig: NodeJS.Signals): Promise<void> => {
+    if (!(await stillRunning(p))) return;
+    try {
+      process.kill(p.pid, sig);
+    } catch {
+      // ESRCH: gone meanwhile; EPERM: not ours to stop, reported as left below.
+    }
+  };
+  const alive = async (): Promise<ProcEntry[]> => {
+    const out: ProcEntry[] = [];
+    for (const p of procs) if (await stillRunning(p)) out.push(p);
+    return out;
+  };
+  const waitGone = async (ms: number): Promise<ProcEntry[]> => {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      const left = await alive();
+      if (left.length === 0 || Date.now() > deadline) return left;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  };
+  for (const p of procs) await signal(p, 'SIGTERM');
+  const stubborn = await waitGone(graceMs);
+  for (const p of stubborn) await signal(p, 'SIGKILL');
+  const left = await waitGone(graceMs);
+  return { killed: stubborn.map((p) => p.pid), left: left.map((p) => p.pid) };
+}
+
 async function sizeOf(path: string): Promise<number> {
   return stat(path).then((s) => s.size, () => 0);
 }
@@ -219,12 +323,23 @@ async function sizeOf(path: string): Promise<number> {
  * A supervised Nginx master (`-g 'daemon off;'`): restarted with backoff when it dies
  * unexpectedly; reload() sends SIGHUP and waits for the new workers (or the [emerg] that
  * refused the new config, which keeps the old one serving).
+ *
+ * Before every start and restart it stops whatever Nginx of its prefix it did not start
+ * itself: the master of a gateway killed with SIGKILL (it survives with ppid 1, holding the
+ * ports) and the workers of a master killed with SIGKILL (they keep serving the old config).
+ * Otherwise the new master could not bind, and every later reload would fail.
  */
 export class NginxProcess {
   private child: ResultPromise | null = null;
+  /** The master's pid once it is serving; undefined while (re)starting or stopped. */
+  private readyPid: number | undefined;
   private stopping = false;
   private attempt = 0;
   private restartTimer: NodeJS.Timeout | null = null;
+  private waiters: { resolve: () => void; reject: (e: Error) => void }[] = [];
+  private counts = { restarts: 0, staleStopped: 0 };
+  private lastExit: NginxProcessInfo['lastExit'] = null;
+  private restartError: string | null = null;
   private readonly o: Required<Omit<NginxProcessOptions, 'logger' | 'onEvent'>> & Pick<NginxProcessOptions, 'logger' | 'onEvent'>;
 
   constructor(opts: NginxProcessOptions) {
@@ -233,6 +348,7 @@ export class NginxProcess {
       restartInitialMs: 200,
       restartMaxMs: 30_000,
       timeoutMs: 15_000,
+      staleGraceMs: 2_000,
       ...opts,
     };
   }
@@ -241,17 +357,50 @@ export class NginxProcess {
     return this.child?.pid;
   }
 
+  get info(): NginxProcessInfo {
+    return {
+      running: this.readyPid !== undefined,
+      pid: this.readyPid,
+      restarts: this.counts.restarts,
+      staleStopped: this.counts.staleStopped,
+      lastExit: this.lastExit,
+      restartError: this.readyPid === undefined ? this.restartError : null,
+    };
+  }
+
   /** Test the config, start the master and wait until it wrote its pid (sockets are bound). */
   async start(): Promise<void> {
     const { paths, nginxBin } = this.o;
     const t = await testConfig(paths.confPath, paths.prefix, { nginxBin });
     if (!t.ok) throw new ProxyError('DP_ERR_BAD_OPTION', `nginx config invalid: ${t.message}`);
     this.stopping = false;
-    await this.spawn();
+    await this.spawn(false);
   }
 
-  private async spawn(): Promise<void> {
+  /**
+   * Stop every Nginx of this prefix other than our own master and its workers (SIGTERM, then
+   * SIGKILL after staleGraceMs). Identified by /proc, never by the pid file alone: a pid in
+   * nginx.pid may belong to an unrelated process by now.
+   */
+  private async stopStale(): Promise<void> {
+    const own = this.readyPid;
+    const stale = (await nginxOfPrefix(this.o.paths)).filter((p) => p.pid !== own && (own === undefined || p.ppid !== own));
+    if (stale.length === 0) return;
+    const pidFile = Number((await readFile(this.o.paths.pidPath, 'utf8').catch(() => '')).trim());
+    const pids = stale.map((p) => p.pid);
+    this.o.logger?.warn(
+      { pids, pidFileMaster: pids.includes(pidFile) ? pidFile : undefined, prefix: this.o.paths.prefix },
+      'stopping Nginx processes of this prefix left by a previous gateway or master',
+    );
+    const { killed, left } = await terminate(stale, this.o.staleGraceMs);
+    this.counts.staleStopped += stale.length - left.length;
+    this.o.onEvent?.({ type: 'stale-stopped', pids, killed });
+    if (left.length > 0) throw new Error(`could not stop the previous Nginx processes ${left.join(', ')} of ${this.o.paths.prefix}`);
+  }
+
+  private async spawn(restart: boolean): Promise<void> {
     const { paths, nginxBin } = this.o;
+    await this.stopStale();
     const child = execa(nginxBin, ['-p', paths.prefix, '-c', paths.confPath, '-g', 'daemon off;'], {
       reject: false,
       stdin: 'ignore',
@@ -266,6 +415,7 @@ export class NginxProcess {
       exited = true;
       if (this.child !== child) return;
       this.child = null;
+      this.readyPid = undefined;
       // Before it was ready, spawn() itself reports the failure.
       if (ready) this.onExit(r.exitCode ?? null, r.signal ?? null, r.stderr?.toString() ?? '');
     });
@@ -287,12 +437,17 @@ export class NginxProcess {
       throw err;
     }
     ready = true;
+    this.readyPid = pid;
+    this.restartError = null;
+    if (restart) this.counts.restarts++;
     this.o.logger?.info({ pid }, 'nginx started');
     this.o.onEvent?.({ type: 'started', pid });
+    for (const w of this.waiters.splice(0)) w.resolve();
   }
 
   private onExit(code: number | null, signal: string | null, stderr: string): void {
     const expected = this.stopping;
+    if (!expected) this.lastExit = { code, signal, at: Date.now() };
     this.o.onEvent?.({ type: 'exited', code, signal, expected });
     if (expected) return;
     this.o.logger?.error({ code, signal, stderr: stderr.slice(-2000) }, 'nginx exited unexpectedly');
@@ -306,12 +461,13 @@ export class NginxProcess {
     this.restartTimer = setTimeout(() => {
       this.restartTimer = null;
       if (this.stopping) return;
-      this.spawn().then(
+      this.spawn(true).then(
         () => {
           this.attempt = 0;
         },
         (err: unknown) => {
           const error = err instanceof Error ? err.message : String(err);
+          this.restartError = error;
           this.o.logger?.error({ err: error, attempt: this.attempt }, 'nginx restart failed');
           this.o.onEvent?.({ type: 'restart-failed', attempt: this.attempt, error });
           if (!this.stopping) this.scheduleRestart();
@@ -321,13 +477,34 @@ export class NginxProcess {
   }
 
   /**
+   * The pid of a serving master. While a restart is under way (the master died), wait for it:
+   * the new master reads the files as they are now, so a change written meanwhile is not
+   * lost to a "not running" failure and a rollback.
+   */
+  private async runningPid(): Promise<number> {
+    if (this.readyPid !== undefined) return this.readyPid;
+    if (this.stopping) throw new Error('nginx is not running');
+    await new Promise<void>((resolvePromise, reject) => {
+      const waiter = { resolve: resolvePromise, reject };
+      this.waiters.push(waiter);
+      setTimeout(() => {
+        const i = this.waiters.indexOf(waiter);
+        if (i < 0) return;
+        this.waiters.splice(i, 1);
+        reject(new Error(`nginx is not running${this.restartError ? ` (restart failed: ${this.restartError})` : ' (restarting)'}`));
+      }, this.o.timeoutMs).unref();
+    });
+    if (this.readyPid === undefined) throw new Error('nginx is not running');
+    return this.readyPid;
+  }
+
+  /**
    * SIGHUP the master; resolve once the new workers started and every old worker closed its
    * listening sockets (its title turns to "worker process is shutting down"), so the next
    * connection is served by the new config. Reject with the [emerg] if Nginx refused it.
    */
   async reload(): Promise<void> {
-    const pid = this.child?.pid;
-    if (pid === undefined) throw new Error('nginx is not running');
+    const pid = await this.runningPid();
     const log = this.o.paths.errorLogPath;
     const offset = await sizeOf(log);
     const oldWorkers = await childrenOf(pid);
@@ -361,6 +538,7 @@ export class NginxProcess {
     this.stopping = true;
     if (this.restartTimer) clearTimeout(this.restartTimer);
     this.restartTimer = null;
+    for (const w of this.waiters.splice(0)) w.reject(new Error('nginx is stopping'));
     const child = this.child;
     if (!child) return;
     child.kill(opts.graceful ? 'SIGQUIT' : 'SIGTERM');
