@@ -94,8 +94,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   } else {
     confDir = resolve(options.sitesDir!);
     await mkdir(join(confDir, 'sites'), { recursive: true });
-    const system = systemNginx({ reloadCommand: options.reloadCommand, testCommand: options.testCommand });
     mainConfPath = resolve(options.nginxConf);
+    const system = systemNginx({ reloadCommand: options.reloadCommand, testCommand: options.testCommand, nginxConf: mainConfPath });
     test = (conf) => system.test(conf);
     reload = () => system.reload();
   }

@@ -10,7 +10,7 @@ import { basename, dirname, join, relative } from 'node:path';
 import type { Logger } from 'pino';
 import { ProxyError } from '../../errors.js';
 import { MARKER, SITES_SUBDIR } from './names.js';
-import type { TestResult } from './nginx-process.js';
+import type { ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 
 export { unifiedDiff } from './diff.js';
 
@@ -29,6 +29,8 @@ export interface ApplyResult {
   reloaded: boolean;
   /** The reload failed and the previous files were restored (and reloaded again). */
   rolledBack?: boolean;
+  /** Reloaded, but workers of the previous config still accepted at the deadline. */
+  unconfirmed?: ReloadUnconfirmed;
 }
 
 export function isOwned(text: string): boolean {
@@ -175,7 +177,7 @@ export interface ApplyOptions {
   mainConfPath: string;
   /** `nginx -t` of a main conf (e.g. testConfig with the private prefix). */
   test: (confPath: string) => Promise<TestResult>;
-  reload: () => Promise<void>;
+  reload: () => Promise<ReloadOutcome>;
   logger?: Logger;
 }
 
@@ -216,8 +218,8 @@ export async function applyFiles(opts: ApplyOptions): Promise<ApplyResult> {
     // 3. Reload once (the candidate is removed after); a refused reload restores the previous
     //    files and reloads again.
     try {
-      await opts.reload();
-      return { applied, heldBack, reloaded: true };
+      const outcome = await opts.reload();
+      return { applied, heldBack, reloaded: true, ...(outcome ? { unconfirmed: outcome } : {}) };
     } catch (err) {
       const message = `reload failed: ${err instanceof Error ? err.message : String(err)}`;
       logger?.error({ err: message, files: applied }, 'nginx reload failed, rolling back');

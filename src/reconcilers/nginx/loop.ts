@@ -9,7 +9,7 @@ import type { ProxyState, Service } from '../../spec/types.js';
 import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot } from '../types.js';
 import { applyFiles, readOwned, removeApplyLeftovers, unifiedDiff, type FilePlan } from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
-import type { NginxProcessInfo, TestResult } from './nginx-process.js';
+import type { NginxProcessInfo, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 import { renderAll } from './render.js';
 import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
 
@@ -21,7 +21,7 @@ export interface NginxLoopOptions {
   mainConfPath: string;
   view: Omit<ViewOptions, 'certFor' | 'upstreamFor'>;
   test: (confPath: string) => Promise<TestResult>;
-  reload: () => Promise<void>;
+  reload: () => Promise<ReloadOutcome>;
   /** Certificates that are Ready, from the TLS loop's status; default: none yet. */
   certFor?: (domain: string, statuses: StatusSnapshot) => CertPaths | null;
   upstreamFor?: (service: Service) => UpstreamTarget;
@@ -32,6 +32,9 @@ export interface NginxLoopOptions {
   /** The private Nginx's supervisor: its restarts are reported under PROCESS_KEY. */
   supervisor?: () => NginxProcessInfo;
 }
+
+/** When a pass looks again at a reload whose previous workers still accepted. */
+const UNCONFIRMED_RECHECK_MS = 2_000; // 2 s
 
 /** Status object of the private Nginx master, once it has died and been restarted. */
 export const PROCESS_KEY = '(nginx)';
@@ -70,6 +73,8 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     for (const [svc, answer] of r.upstreams) if (JSON.stringify(o.upstreamFor!(svc)) !== answer) return false;
     return true;
   };
+  /** Sites of a reload whose previous workers still accepted at its deadline: not Applied yet. */
+  let unconfirmed: { check: ReloadUnconfirmed; keys: Set<string> } | null = null;
   // Before the first look at the conf dir: what a crash in the middle of an apply left there.
   let leftovers: Promise<void> | null = null;
   const removeLeftovers = (ctx: LoopContext): Promise<void> =>
@@ -105,6 +110,14 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
 
     async observe(ctx: LoopContext): Promise<Observed> {
       await removeLeftovers(ctx);
+      if (unconfirmed && (await unconfirmed.check.settled())) {
+        for (const key of unconfirmed.keys) {
+          if (ctx.status.get(key)?.some((c) => c.type === 'Ready' && c.reason === 'ReloadUnconfirmed')) {
+            ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+          }
+        }
+        unconfirmed = null;
+      }
       const { owned, foreign } = await readOwned(o.confDir);
       stats.configHash = configHash(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
@@ -172,9 +185,10 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         test: o.test,
         reload: async () => {
           try {
-            await o.reload();
+            const outcome = await o.reload();
             stats.reloads++;
             stats.lastReloadAt = ctx.clock.now();
+            return outcome;
           } catch (err) {
             stats.reloadFailures++;
             throw err;
@@ -183,14 +197,26 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         logger: ctx.logger,
       });
       stats.configHash = configHash((await readOwned(o.confDir)).owned);
+      if (result.unconfirmed) {
+        unconfirmed = { check: result.unconfirmed, keys: new Set([...(unconfirmed?.keys ?? []), ...result.applied.map(objectKey)]) };
+        ctx.logger.warn({ files: result.applied.length }, result.unconfirmed.unconfirmed);
+      }
       for (const name of result.applied) {
-        outcomes.set(name, 'done');
         const key = objectKey(name);
-        if (plan.delete.some((d) => d.name === name)) ctx.status.delete(key);
-        else {
-          stats.filesWritten++;
+        if (plan.delete.some((d) => d.name === name)) {
+          outcomes.set(name, 'done');
+          ctx.status.delete(key);
+          continue;
+        }
+        stats.filesWritten++;
+        ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
+        if (result.unconfirmed) {
+          // Come back to confirm: observe() flips it to Applied once the old workers are gone.
+          outcomes.set(name, { requeueAfterMs: UNCONFIRMED_RECHECK_MS });
+          ctx.status.set(key, { type: 'Ready', status: 'Unknown', reason: 'ReloadUnconfirmed', message: result.unconfirmed.unconfirmed });
+        } else {
+          outcomes.set(name, 'done');
           ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
-          ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
         }
       }
       for (const { file, message } of result.heldBack) {

@@ -130,8 +130,20 @@ export function splitCommand(cmd: string): string[] {
 }
 
 /** System mode: an Nginx the operator runs; we only test candidates and run its reload command. */
-export function systemNginx(opts: { reloadCommand?: string; testCommand?: string; exec?: Exec } = {}) {
+export function systemNginx(
+  opts: {
+    reloadCommand?: string;
+    testCommand?: string;
+    exec?: Exec;
+    /** The system master's pid file (default: the `pid` of nginxConf); lets reload() wait for its new workers. */
+    pidFile?: string;
+    nginxConf?: string;
+    /** How long reload() waits for the previous workers to stop accepting. Default 15 s. */
+    timeoutMs?: number;
+  } = {},
+) {
   const exec = opts.exec ?? defaultExec;
+  const timeoutMs = opts.timeoutMs ?? 15_000;
   const reloadArgv = splitCommand(opts.reloadCommand ?? 'nginx -s reload');
   const testArgv = splitCommand(opts.testCommand ?? 'nginx -t');
   return {
@@ -141,10 +153,22 @@ export function systemNginx(opts: { reloadCommand?: string; testCommand?: string
       const r = await exec(bin, [...args, '-c', confPath]);
       return r.exitCode === 0 ? { ok: true } : { ok: false, ...parseTestOutput(`${r.stderr}\n${r.stdout}`) };
     },
-    async reload(): Promise<void> {
+    /**
+     * Runs the reload command. It returns once the signal is sent, while workers of the
+     * previous config still accept: when the master is known (its pid file), wait until they
+     * stopped and new ones run, so "applied" means served.
+     */
+    async reload(): Promise<ReloadOutcome> {
+      const pidFile = opts.pidFile ?? (opts.nginxConf ? await pidFileOf(opts.nginxConf) : undefined);
+      const master = pidFile ? await masterFromPidFile(pidFile) : undefined;
+      const old = master ? await acceptingWorkers(master) : [];
       const [bin, ...args] = reloadArgv as [string, ...string[]];
+      const t0 = Date.now();
       const r = await exec(bin, args);
       if (r.exitCode !== 0) throw new Error(`${reloadArgv.join(' ')} exited ${r.exitCode}: ${r.stderr.trim()}`);
+      if (master === undefined) return;
+      if (await untilSwitched(master, old, t0 + timeoutMs)) return;
+      return unconfirmed(master, old, Date.now() - t0);
     },
   };
 }
@@ -313,6 +337,70 @@ async function terminate(procs: ProcEntry[], graceMs: number): Promise<{ killed:
   for (const p of stubborn) await signal(p, 'SIGKILL');
   const left = await waitGone(graceMs);
   return { killed: stubborn.map((p) => p.pid), left: left.map((p) => p.pid) };
+}
+
+/**
+ * What a reload ended with when Nginx took the new config but workers of the previous one
+ * still accept connections at the deadline: the sites are not reported served yet, and
+ * settled() tells later whether they are by now.
+ */
+export interface ReloadUnconfirmed {
+  unconfirmed: string;
+  settled: () => Promise<boolean>;
+}
+
+/** A reload's outcome: undefined = every new connection gets the new config. */
+export type ReloadOutcome = void | ReloadUnconfirmed;
+
+/** Workers of `master` that still accept connections: not exited, title not "shutting down". */
+async function acceptingWorkers(master: number): Promise<number[]> {
+  const out: number[] = [];
+  for (const pid of await childrenOf(master)) {
+    const title = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+    const p = await procEntry(pid);
+    if (p && p.state !== 'Z' && title.startsWith('nginx: worker process') && !title.includes('shutting down')) out.push(pid);
+  }
+  return out;
+}
+
+/**
+ * The new generation serves alone: none of the workers that accepted before the reload still
+ * does (each exited or closed its listening sockets, which it does as it takes the title
+ * "worker process is shutting down"), and a worker of the new generation exists.
+ */
+async function generationSwitched(master: number, old: readonly number[]): Promise<boolean> {
+  const accepting = await acceptingWorkers(master);
+  return accepting.length > 0 && accepting.every((w) => !old.includes(w));
+}
+
+async function untilSwitched(master: number, old: readonly number[], deadline: number): Promise<boolean> {
+  for (;;) {
+    if (await generationSwitched(master, old)) return true;
+    if (Date.now() > deadline) return false;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+function unconfirmed(master: number, old: readonly number[], waitedMs: number): ReloadUnconfirmed {
+  return {
+    unconfirmed: `nginx took the new config, but after ${Math.round(waitedMs / 1000)} s workers of the previous one (pid ${old.join(', ')}) still accept connections`,
+    settled: () => generationSwitched(master, old),
+  };
+}
+
+/** The pid in an Nginx pid file, when it is a running Nginx master (else undefined). */
+async function masterFromPidFile(pidFile: string): Promise<number | undefined> {
+  const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+  if (!Number.isInteger(pid) || pid <= 0) return undefined;
+  const title = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  return title.startsWith('nginx: master process') ? pid : undefined;
+}
+
+/** The `pid` directive of a main conf, or Debian's compiled-in default. */
+export async function pidFileOf(mainConfPath: string): Promise<string> {
+  const text = await readFile(mainConfPath, 'utf8').catch(() => '');
+  const m = /^\s*pid\s+("[^"]+"|'[^']+'|[^\s;]+)\s*;/m.exec(text);
+  return m?.[1] ? m[1].replace(/^["']|["']$/g, '') : '/run/nginx.pid';
 }
 
 async function sizeOf(path: string): Promise<number> {
@@ -503,14 +591,17 @@ export class NginxProcess {
    * listening sockets (its title turns to "worker process is shutting down"), so the next
    * connection is served by the new config. Reject with the [emerg] if Nginx refused it.
    */
-  async reload(): Promise<void> {
+  async reload(): Promise<ReloadOutcome> {
     const pid = await this.runningPid();
     const log = this.o.paths.errorLogPath;
     const offset = await sizeOf(log);
-    const oldWorkers = await childrenOf(pid);
+    const oldWorkers = await acceptingWorkers(pid);
+    const t0 = Date.now();
+    const deadline = t0 + this.o.timeoutMs;
     process.kill(pid, 'SIGHUP');
+    // 1. The master took the new config and started its workers, or refused it.
     await waitFor(
-      Date.now() + this.o.timeoutMs,
+      deadline,
       async () => {
         const out = await readFrom(log, offset);
         if (!/reconfiguring/.test(out)) return undefined; // the master has not picked up the signal yet
@@ -521,16 +612,15 @@ export class NginxProcess {
           if (!(await masterIdle(pid))) return undefined;
           throw new Error(`nginx refused the reload: ${bad[0]}`);
         }
-        if (!/start worker process/.test(out)) return undefined;
-        for (const w of oldWorkers) {
-          const title = await readFile(`/proc/${w}/cmdline`, 'utf8').catch(() => '');
-          if (title.includes('worker process') && !title.includes('shutting down')) return undefined;
-        }
-        return true;
+        return /start worker process/.test(out) ? true : undefined;
       },
       'nginx to reload',
     );
+    // 2. No worker of the previous config accepts any more. Past the deadline the new config
+    //    is in (no rollback), but not yet what every new connection gets: say so.
+    const switched = await untilSwitched(pid, oldWorkers, deadline);
     this.o.onEvent?.({ type: 'reloaded' });
+    return switched ? undefined : unconfirmed(pid, oldWorkers, Date.now() - t0);
   }
 
   /** Stop the master (SIGQUIT: graceful; SIGTERM: fast) and wait for it to exit. */

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   mainConfText,
+  NginxProcess,
   parseTestOutput,
   splitCommand,
   systemNginx,
@@ -216,5 +217,30 @@ describe('a private Nginx after a crash', () => {
     expect(ng.proc.pid).not.toBe(master);
     expect(ng.events.map((e) => e.type)).toEqual(['started', 'exited', 'restarting', 'stale-stopped', 'started', 'reloaded']);
     expect((await request({ port: ng.httpPort, host: 'probe.test' })).body).toBe('after');
+  });
+});
+
+describe('a reload whose previous workers keep accepting', () => {
+  it('is reported unconfirmed at the deadline (not failed), and settles once they stop', async () => {
+    const ng = await startTestNginx({ start: false, main: { user: null } });
+    const proc = new NginxProcess({ paths: ng.paths, timeoutMs: 1_000 });
+    try {
+      await writeSite(ng, 'one');
+      await proc.start();
+      const [worker] = await workersOf(proc.pid!);
+      // A worker that cannot take the master's "shut down" signal keeps its listening sockets.
+      process.kill(worker!, 'SIGSTOP');
+      await writeSite(ng, 'two');
+      const outcome = await proc.reload();
+      expect(outcome).toMatchObject({ unconfirmed: expect.stringMatching(new RegExp(`previous one \\(pid ${worker}\\) still accept`)) });
+      expect(await outcome!.settled()).toBe(false);
+      process.kill(worker!, 'SIGCONT');
+      await eventually(async () => ((await outcome!.settled()) ? true : undefined));
+      expect((await request({ port: ng.httpPort, host: 'probe.test' })).body).toBe('two');
+      expect(await proc.reload()).toBeUndefined();
+    } finally {
+      await proc.stop();
+      await ng.stop();
+    }
   });
 });
