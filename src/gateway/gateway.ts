@@ -142,6 +142,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     dependsOn: [TLS_LOOP, SSH_LOOP],
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
     ...(nginx ? { supervisor: () => nginx!.info } : {}),
+    currentGeneration: () => current.generation,
   });
   const loops = [sshLoop, tlsLoop, nginxLoop] as unknown as AnyLoop[];
   const controller = new Controller({

@@ -8,7 +8,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { writeMainConf } from '../../src/reconcilers/nginx/nginx-process.js';
-import { api, gatewayDoc, startTestGateway, type SvcInput, type TestGateway } from '../helpers/gateway.js';
+import { FakeClock } from '../../src/reconcilers/clock.js';
+import { api, gatewayDoc, putState, startTestGateway, type SvcInput, type TestGateway } from '../helpers/gateway.js';
 import { request, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePorts } from '../helpers/ports.js';
@@ -88,6 +89,47 @@ describe('Applied means served', () => {
       await t.cleanup();
       await execa('/usr/sbin/nginx', ['-s', 'stop', '-p', dir, '-c', paths.confPath], { reject: false });
       await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('reloads under a stream of changes', () => {
+  it('the first change reloads at once; changes made within a second of a reload go in together with one more', async () => {
+    const clock = new FakeClock(Date.now());
+    const t = await startTestGateway({ deps: { clock } });
+    const reloads = async (): Promise<number> => {
+      const m = /^dstack_proxy_nginx_reloads_total (\d+)$/m.exec((await api(t, { path: '/metrics' })).body);
+      return Number(m?.[1]);
+    };
+    try {
+      const atStart = await reloads();
+      clock.advance(1_000); // a quiet second since the start's reload
+      const services: SvcInput[] = [{ run: 'first', ports: [echoPort] }];
+      await putState(t, gatewayDoc(services)); // returns once the controller is idle: no waiting for time
+      expect(await reloads()).toBe(atStart + 1);
+      expect((await request({ port: t.httpPort, host: 'first.gw.test', localAddress: '127.0.0.2' })).status).toBe(200);
+
+      // Five more PUTs, one service each, while the clock stands still inside that second.
+      let generation = 0;
+      for (let i = 0; i < 5; i++) {
+        services.push({ run: `burst${i}`, ports: [echoPort] });
+        const r = await api(t, { method: 'PUT', path: '/api/v1/state', body: gatewayDoc(services) });
+        expect(r.status).toBe(200);
+        generation = (r.json as { generation: number }).generation;
+      }
+      // The loop holds a batch until the second is over (it never reloads in the meantime).
+      await eventually(() => (t.gw.controller.statuses().generation === generation && t.gw.nginxStats.waitingForReload ? true : undefined));
+      expect(await reloads()).toBe(atStart + 1);
+      clock.advance(1_000);
+      await t.gw.controller.whenIdle();
+      expect(await reloads()).toBe(atStart + 2);
+      for (let i = 0; i < 5; i++) {
+        expect((await request({ port: t.httpPort, host: `burst${i}.gw.test`, localAddress: '127.0.0.2' })).status).toBe(200);
+      }
+      expect((await api(t, { path: '/metrics' })).body).toMatch(/^dstack_proxy_nginx_reloads_deferred_total [1-9]\d*$/m);
+    } finally {
+      clock.advance(60_000);
+      await t.cleanup();
     }
   });
 });

@@ -29,9 +29,19 @@ export interface NginxLoopOptions {
   renderHook?: (fileName: string, text: string) => string;
   /** Dependencies whose status feeds `desired` (the TLS loop, once it exists). */
   dependsOn?: readonly string[];
+  /**
+   * Reload at most once per this interval (ms; default 1 s, 0 = no limit). A change right after
+   * a reload waits for the end of the interval and goes in with every change made meanwhile.
+   */
+  minReloadIntervalMs?: number;
+  /** The generation of the stored document now: a batch that waited and is out of date is left to the next pass. */
+  currentGeneration?: () => number;
   /** The private Nginx's supervisor: its restarts are reported under PROCESS_KEY. */
   supervisor?: () => NginxProcessInfo;
 }
+
+/** Default minimum time between two reloads. */
+export const DEFAULT_MIN_RELOAD_INTERVAL_MS = 1_000; // 1 s
 
 /** When a pass looks again at a reload whose previous workers still accepted. */
 const UNCONFIRMED_RECHECK_MS = 2_000; // 2 s
@@ -53,6 +63,10 @@ export interface NginxLoopStats {
   reloadFailures: number;
   lastReloadAt: number | null;
   filesWritten: number;
+  /** A batch is waiting for the end of the minimum interval between reloads. */
+  waitingForReload: boolean;
+  /** Batches that waited for it. */
+  reloadsDeferred: number;
 }
 
 interface Observed {
@@ -62,7 +76,17 @@ interface Observed {
 }
 
 export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats } {
-  const stats: NginxLoopStats = { configHash: null, reloads: 0, reloadFailures: 0, lastReloadAt: null, filesWritten: 0 };
+  const stats: NginxLoopStats = {
+    configHash: null,
+    reloads: 0,
+    reloadFailures: 0,
+    lastReloadAt: null,
+    filesWritten: 0,
+    waitingForReload: false,
+    reloadsDeferred: 0,
+  };
+  const minReloadIntervalMs = o.minReloadIntervalMs ?? DEFAULT_MIN_RELOAD_INTERVAL_MS;
+  if (!(minReloadIntervalMs >= 0)) throw new TypeError('minReloadIntervalMs must be >= 0');
   /**
    * The last render. A PUT's dry run and the pass after it render the same spec object with
    * the same certificates: the pass reuses the files (1,000 sites: ~0.2 s) instead.
@@ -169,6 +193,25 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     async applyBatch(actions: Action<FilePayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
       const plan: FilePlan = { create: [], update: [], delete: [], unchanged: [], conflicts: [] };
       const outcomes = new Map<string, BatchOutcome>();
+      // 0. At most one reload per interval. Every reload makes old workers finish their
+      //    requests and new ones start; a stream of PUTs one service at a time would reload
+      //    once per PUT. The first change after a quiet interval goes in at once; one right
+      //    after a reload waits for the end of the interval. A newer document stored while it
+      //    waited makes this batch stale: the pass that follows (already triggered) plans
+      //    everything from that document, and reloads at once.
+      const wait = stats.lastReloadAt === null ? 0 : stats.lastReloadAt + minReloadIntervalMs - ctx.clock.now();
+      if (wait > 0 && actions.some((a) => a.kind !== 'conflict')) {
+        stats.reloadsDeferred++;
+        stats.waitingForReload = true;
+        try {
+          await new Promise<void>((r) => ctx.clock.setTimeout(r, wait));
+        } finally {
+          stats.waitingForReload = false;
+        }
+        if (o.currentGeneration && o.currentGeneration() !== ctx.generation) {
+          return new Map(actions.map((a) => [a.key, { requeueAfterMs: 0 }]));
+        }
+      }
       for (const { kind, payload: p } of actions) {
         if (kind === 'conflict') {
           const message = `${o.confDir}/${p.name} exists and was not written by dstack-proxy; move it away to let this site be served`;
