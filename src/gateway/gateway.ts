@@ -51,6 +51,8 @@ export interface GatewayDeps {
   ssh?: Partial<SshLoopOptions>;
   /** DNS pre-flight resolver of the TLS loop (tests resolve everything to 127.0.0.1). */
   resolve?: (domain: string) => Promise<unknown>;
+  /** Nginx loop overrides (the bench compares reload intervals). */
+  nginxLoop?: Pick<NginxLoopOptions, 'minReloadIntervalMs'>;
 }
 
 export async function startGateway(options: GatewayOptions, deps: GatewayDeps = {}): Promise<Gateway> {
@@ -143,6 +145,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
     ...(nginx ? { supervisor: () => nginx!.info } : {}),
     currentGeneration: () => current.generation,
+    ...(deps.nginxLoop ?? {}),
   });
   const loops = [sshLoop, tlsLoop, nginxLoop] as unknown as AnyLoop[];
   const controller = new Controller({

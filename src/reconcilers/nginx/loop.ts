@@ -252,7 +252,6 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
           continue;
         }
         stats.filesWritten++;
-        ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
         if (result.unconfirmed) {
           // Come back to confirm: observe() flips it to Applied once the old workers are gone.
           outcomes.set(name, { requeueAfterMs: UNCONFIRMED_RECHECK_MS });
@@ -261,6 +260,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
           outcomes.set(name, 'done');
           ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
         }
+        ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
       }
       for (const { file, message } of result.heldBack) {
         outcomes.set(file, { error: new Error(message) });

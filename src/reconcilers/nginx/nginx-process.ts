@@ -592,13 +592,26 @@ export class NginxProcess {
    * connection is served by the new config. Reject with the [emerg] if Nginx refused it.
    */
   async reload(): Promise<ReloadOutcome> {
-    const pid = await this.runningPid();
     const log = this.o.paths.errorLogPath;
-    const offset = await sizeOf(log);
-    const oldWorkers = await acceptingWorkers(pid);
     const t0 = Date.now();
     const deadline = t0 + this.o.timeoutMs;
-    process.kill(pid, 'SIGHUP');
+    let pid: number;
+    let offset: number;
+    let oldWorkers: number[];
+    for (;;) {
+      pid = await this.runningPid();
+      offset = await sizeOf(log);
+      oldWorkers = await acceptingWorkers(pid);
+      try {
+        process.kill(pid, 'SIGHUP');
+        break;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+        // The master died and its exit has not been noticed yet: wait for that, then for the restart.
+        const dead = pid;
+        await waitFor(deadline, async () => (this.readyPid !== dead ? true : undefined), 'the exit of nginx to be noticed');
+      }
+    }
     // 1. The master took the new config and started its workers, or refused it.
     await waitFor(
       deadline,
