@@ -3,13 +3,12 @@
 // survive and keep serving the old config), and the files an interrupted apply or certbot run
 // leaves behind.
 
-import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, readdir, writeFile } from 'node:fs/promises';
 import type { Server } from 'node:http';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { CLI } from '../helpers/cli.js';
+import { startCliGateway, type CliGateway } from '../helpers/cli-gateway.js';
 import { api, gatewayDoc, putState, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { request, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
@@ -38,10 +37,10 @@ const get = (port: number, host: string) => request({ port, host, localAddress: 
 let echo: Server;
 let echoPort: number;
 const tmps: { cleanup: () => void }[] = [];
-const children: ChildProcess[] = [];
+const children: CliGateway[] = [];
 
 afterAll(async () => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  for (const c of children) await c.kill();
   await new Promise<void>((r) => (echo ? echo.close(() => r()) : r()));
   for (const t of tmps) t.cleanup();
 });
@@ -52,49 +51,6 @@ async function echoServer(): Promise<number> {
     echo = await startEcho('echo', { port: echoPort });
   }
   return echoPort;
-}
-
-interface CliGateway {
-  child: ChildProcess;
-  apiPort: number;
-  httpPort: number;
-}
-
-/** `dstack-proxy gateway` as its own process, as an operator runs it; resolves once /readyz says 200. */
-async function startCliGateway(stateDir: string, ports: { apiPort: number; httpPort: number; httpsPort: number }): Promise<CliGateway> {
-  const child = spawn(
-    process.execPath,
-    [
-      CLI,
-      'gateway',
-      '--state-dir',
-      stateDir,
-      '--api-port',
-      String(ports.apiPort),
-      '--http-port',
-      String(ports.httpPort),
-      '--https-port',
-      String(ports.httpsPort),
-      '--listen-host',
-      '127.0.0.1',
-      '--log-level',
-      'warn',
-      '--resync-interval',
-      '3600',
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  );
-  children.push(child);
-  let stderr = '';
-  child.stderr!.on('data', (c: Buffer) => (stderr += c.toString()));
-  await eventually(async () => {
-    if (child.exitCode !== null) throw new Error(`gateway exited ${child.exitCode}: ${stderr.slice(-2000)}`);
-    const r = await api(ports, { path: '/readyz' }).catch(() => null);
-    return r?.status === 200 ? true : undefined;
-  }, 30_000).catch((err: unknown) => {
-    throw new Error(`${String(err)}\n${stderr.slice(-2000)}`);
-  });
-  return { child, apiPort: ports.apiPort, httpPort: ports.httpPort };
 }
 
 async function siteReady(t: { apiPort: number }, domain: string, generation: number): Promise<true | undefined> {
@@ -113,6 +69,7 @@ describe('a gateway killed with SIGKILL', () => {
     const port = await echoServer();
 
     const first = await startCliGateway(stateDir, ports);
+    children.push(first);
     const put = await api(first, { method: 'PUT', path: '/api/v1/state', body: gatewayDoc([{ run: 'pub', ports: [port] }]) });
     expect(put.status).toBe(200);
     const generation = (put.json as { generation: number }).generation;
@@ -121,12 +78,12 @@ describe('a gateway killed with SIGKILL', () => {
     const oldMaster = Number((await readFile(join(stateDir, 'nginx', 'nginx.pid'), 'utf8')).trim());
     const oldWorkers = await childrenOf(oldMaster);
 
-    first.child.kill('SIGKILL');
-    await new Promise((r) => first.child.once('exit', r));
+    await first.kill();
     expect(await alive(oldMaster)).toBe(true); // the orphan keeps the ports: what the next start must handle
 
     const t0 = Date.now();
     const second = await startCliGateway(stateDir, ports);
+    children.push(second);
     await eventually(async () => ((await get(httpPort, 'pub.gw.test')).status === 200 ? true : undefined), 20_000);
     // Figure for the report, not an assertion: start of the new process → the site answers.
     console.log(`takeover after SIGKILL of the gateway: served ${Date.now() - t0} ms after the new gateway was started`);
