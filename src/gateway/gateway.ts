@@ -11,7 +11,7 @@ import { planFromController } from '../api/plan.js';
 import type { Runtime } from '../api/runtime.js';
 import { Controller } from '../reconcilers/controller.js';
 import type { Clock } from '../reconcilers/clock.js';
-import { createNginxLoop, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
+import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
 import { certForFromStatus, createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
 import { removeEabLeftovers } from '../reconcilers/tls/certbot.js';
@@ -145,6 +145,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
     ...(nginx ? { supervisor: () => nginx!.info } : {}),
     currentGeneration: () => current.generation,
+    minReloadIntervalMs: DEFAULT_MIN_RELOAD_INTERVAL_MS,
     ...(deps.nginxLoop ?? {}),
   });
   const loops = [sshLoop, tlsLoop, nginxLoop] as unknown as AnyLoop[];

@@ -30,8 +30,9 @@ export interface NginxLoopOptions {
   /** Dependencies whose status feeds `desired` (the TLS loop, once it exists). */
   dependsOn?: readonly string[];
   /**
-   * Reload at most once per this interval (ms; default 1 s, 0 = no limit). A change right after
-   * a reload waits for the end of the interval and goes in with every change made meanwhile.
+   * Reload at most once per this interval (ms; default 0 = no limit; the gateway sets
+   * DEFAULT_MIN_RELOAD_INTERVAL_MS). A change right after a reload waits for the end of the
+   * interval and goes in with every change made meanwhile.
    */
   minReloadIntervalMs?: number;
   /** The generation of the stored document now: a batch that waited and is out of date is left to the next pass. */
@@ -40,7 +41,7 @@ export interface NginxLoopOptions {
   supervisor?: () => NginxProcessInfo;
 }
 
-/** Default minimum time between two reloads. */
+/** The gateway's minimum time between two reloads. */
 export const DEFAULT_MIN_RELOAD_INTERVAL_MS = 1_000; // 1 s
 
 /** When a pass looks again at a reload whose previous workers still accepted. */
@@ -85,7 +86,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     waitingForReload: false,
     reloadsDeferred: 0,
   };
-  const minReloadIntervalMs = o.minReloadIntervalMs ?? DEFAULT_MIN_RELOAD_INTERVAL_MS;
+  const minReloadIntervalMs = o.minReloadIntervalMs ?? 0;
   if (!(minReloadIntervalMs >= 0)) throw new TypeError('minReloadIntervalMs must be >= 0');
   /**
    * The last render. A PUT's dry run and the pass after it render the same spec object with
