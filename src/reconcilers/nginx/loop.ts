@@ -136,12 +136,12 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     async observe(ctx: LoopContext): Promise<Observed> {
       await removeLeftovers(ctx);
       if (unconfirmed && (await unconfirmed.check.settled())) {
+        const waiting = (key: string) => ctx.status.get(key)?.some((c) => c.type === 'Ready' && c.reason === 'ReloadUnconfirmed');
         for (const key of unconfirmed.keys) {
-          if (ctx.status.get(key)?.some((c) => c.type === 'Ready' && c.reason === 'ReloadUnconfirmed')) {
-            ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
-          }
+          if (waiting(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
         }
-        unconfirmed = null;
+        // Forget it once the status says so (a dry run's observe writes nothing).
+        if (![...unconfirmed.keys].some(waiting)) unconfirmed = null;
       }
       const { owned, foreign } = await readOwned(o.confDir);
       stats.configHash = configHash(owned);
