@@ -47,7 +47,10 @@ describe('Nginx loop: Applied only once the previous workers stopped accepting',
     const controller = new Controller({ loops: [loop] as unknown as AnyLoop[], getSpec: () => ({ state, generation }), logger: pino({ level: 'silent' }) });
     try {
       await controller.start();
-      const [worker] = await workersOf(proc.pid!);
+      const [worker] = await eventually(async () => {
+        const w = await workersOf(proc!.pid!);
+        return w.length === 1 ? w : undefined;
+      });
       process.kill(worker!, 'SIGSTOP'); // cannot take the master's "shut down": keeps accepting
       state = { ...emptyState(), spec: { ...emptyState().spec, projects: [{ name: 'main' }], services: [service({ run: 'web', domain: 'web.gw.test', replicas: [] })] } };
       generation = 2;

@@ -171,8 +171,11 @@ describe('a private Nginx after a crash', () => {
     const r = await execa('/usr/sbin/nginx', ['-p', ng.paths.prefix, '-c', ng.paths.confPath], { reject: false });
     expect(r.exitCode).toBe(0);
     const leftover = Number((await readFile(ng.paths.pidPath, 'utf8')).trim());
-    const leftoverWorkers = await workersOf(leftover);
-    expect(leftoverWorkers.length).toBe(2);
+    // The master writes its pid (sockets bound) before it forks the workers.
+    const leftoverWorkers = await eventually(async () => {
+      const w = await workersOf(leftover);
+      return w.length === 2 ? w : undefined;
+    });
     expect((await request({ port: ng.httpPort, host: 'probe.test' })).body).toBe('old');
 
     await writeSite(ng, 'new');
@@ -206,8 +209,10 @@ describe('a private Nginx after a crash', () => {
     await writeSite(ng, 'before');
     await ng.proc.start();
     const master = ng.proc.pid!;
-    const workers = await workersOf(master);
-    expect(workers.length).toBe(2);
+    const workers = await eventually(async () => {
+      const w = await workersOf(master);
+      return w.length === 2 ? w : undefined;
+    });
     process.kill(master, 'SIGKILL');
     await writeSite(ng, 'after');
     // A reload asked for while the master is down waits for the restart instead of failing.
@@ -227,7 +232,10 @@ describe('a reload whose previous workers keep accepting', () => {
     try {
       await writeSite(ng, 'one');
       await proc.start();
-      const [worker] = await workersOf(proc.pid!);
+      const [worker] = await eventually(async () => {
+        const w = await workersOf(proc.pid!);
+        return w.length === 1 ? w : undefined;
+      });
       // A worker that cannot take the master's "shut down" signal keeps its listening sockets.
       process.kill(worker!, 'SIGSTOP');
       await writeSite(ng, 'two');
