@@ -19,8 +19,13 @@ import { tmpDir } from '../helpers/tmp.js';
 
 const ROUNDS = 20;
 const SERVICES = 300;
-/** Kills land uniformly within this long after the PUT was sent (a 300-service converge takes about as long here). */
-const MAX_DELAY_MS = 1_500;
+/**
+ * Kills land uniformly within this long after the PUT was sent: a 300-service converge (store
+ * write, render, nginx -t, swap, reload) takes about as long here.
+ */
+const MAX_DELAY_MS = 800;
+/** The gateway reloads at most once per second: a PUT this long after a start goes in at once. */
+const QUIET_MS = 1_100;
 
 /** mulberry32: small, seeded, good enough to spread kill points. */
 function prng(seed: number): () => number {
@@ -110,6 +115,19 @@ async function confDirProblems(confDir: string, stored: Stored): Promise<string[
   return problems.slice(0, 10);
 }
 
+/** What the kill interrupted, as the conf dir shows it (for the log only). */
+async function whereKilled(confDir: string, bodySize: number): Promise<string> {
+  const candidate = (await readdir(join(confDir, '..'))).some((n) => n.includes('candidate'));
+  const temps = (await readdir(join(confDir, SITES_SUBDIR))).filter((n) => n.endsWith('.tmp')).length;
+  let current = 0;
+  for (const name of await readdir(join(confDir, SITES_SUBDIR))) {
+    if (!name.endsWith('.conf')) continue;
+    const text = await readFile(join(confDir, SITES_SUBDIR, name), 'utf8').catch(() => '');
+    if (text.includes(`client_max_body_size ${bodySize};`)) current++;
+  }
+  return `${current} site files of this round${candidate ? ', a candidate tree' : ''}${temps ? `, ${temps} temp files` : ''} left`;
+}
+
 const tmp = tmpDir('dp-crashpts-');
 let echo: Server | undefined;
 let gw: CliGateway | undefined;
@@ -141,6 +159,7 @@ describe('a gateway killed at random points of a 300-service converge', () => {
     for (let k = 1; k <= ROUNDS; k++) {
       const { bodySize } = roundDoc(k, echoPort);
       const delay = Math.floor(random() * MAX_DELAY_MS);
+      await new Promise((r) => setTimeout(r, QUIET_MS));
       const reply = putRaw(apiPort, roundDoc(k, echoPort).doc);
       await new Promise((r) => setTimeout(r, delay));
       await gw.kill();
@@ -150,6 +169,7 @@ describe('a gateway killed at random points of a 300-service converge', () => {
         acked = answered.generation;
       }
 
+      const seen = await whereKilled(confDir, bodySize);
       gw = await startCliGateway(stateDir, ports);
       const stored = await readStored(stateDir);
       // The acknowledged generation, or the next one: committed, cut off before its answer.
@@ -157,7 +177,7 @@ describe('a gateway killed at random points of a 300-service converge', () => {
       else expect(stored.generation).toBe(acked);
       acked = stored.generation;
       expect(await confDirProblems(confDir, stored)).toEqual([]);
-      log.push(`${k}: kill at ${delay} ms, ${answered ? 'answered' : 'no answer'}, generation ${stored.generation}`);
+      log.push(`${k}: kill at ${delay} ms, ${answered ? 'answered' : 'no answer'}, ${seen}; generation ${stored.generation}`);
     }
     console.log(log.join('\n'));
 
