@@ -1,7 +1,7 @@
 // Churn rows: a busy service under keep-alive clients while 60 services are added one PUT at a
 // time (the way a control server registers replicas as they come up). Counts the reloads
 // (from the loop's stats, as /metrics shows them) and the client requests that failed, for the
-// Nginx loop as it is and with the reload interval off (one reload per PUT).
+// Nginx loop as it is and with the reload interval off (a reload per pass, as before).
 //
 // `node dist/bench/churn.js` runs it alone and prints the failure kinds as well.
 
@@ -140,25 +140,25 @@ export async function churnRows(): Promise<Row[]> {
       unit: 'reloads',
       target: `≤ 1 per second (${Math.ceil(after.seconds)} s)`,
       ok: after.reloads <= Math.ceil(after.seconds) + 1,
-      baseline: { name: 'one reload per change', value: before.reloads, measured: 'same run' },
+      baseline: { name: 'no reload interval (a reload per pass)', value: before.reloads, measured: 'same run' },
       better: 'lower',
-      note: `over ${after.seconds.toFixed(1)} s (one reload per change: ${before.seconds.toFixed(1)} s)`,
+      note: `over ${after.seconds.toFixed(1)} s (no interval: ${before.seconds.toFixed(1)} s)`,
     },
     {
       id: 'C2',
       name: `failed requests of a busy service (${CLIENTS} keep-alive clients) during those PUTs`,
       value: after.failed,
       unit: 'requests',
-      baseline: { name: 'one reload per change', value: before.failed, measured: 'same run' },
+      baseline: { name: 'no reload interval (a reload per pass)', value: before.failed, measured: 'same run' },
       better: 'lower',
-      note: `of ${after.requests} (${kinds(after)}); one reload per change: ${before.failed} of ${before.requests} (${kinds(before)})`,
+      note: `of ${after.requests} (${kinds(after)}); no interval: ${before.failed} of ${before.requests} (${kinds(before)})`,
     },
     {
       id: 'C2r',
       name: 'failed requests per reload',
       value: perReload(after),
       unit: 'per reload',
-      baseline: { name: 'one reload per change', value: perReload(before), measured: 'same run' },
+      baseline: { name: 'no reload interval (a reload per pass)', value: perReload(before), measured: 'same run' },
       better: 'lower',
     },
   ];
