@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import os from 'node:os';
 import { join } from 'node:path';
+import { churnRows } from './churn.js';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
 import { serverProxyRows } from './server-proxy.js';
@@ -22,6 +23,7 @@ import { renderTable, type Row } from './table.js';
 const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'spec', run: specRows },
   { name: 'gateway', run: gatewayRows },
+  { name: 'churn', run: churnRows },
   { name: 'ssh', run: sshRows },
   { name: 'stats', run: () => statsRows() },
   { name: 'stores', run: storeRows },

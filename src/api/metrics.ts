@@ -15,6 +15,12 @@ export interface NginxStatsSource {
   /** ms since the epoch, or null before the first successful reload. */
   lastReloadAt: number | null;
   filesWritten: number;
+  /** Batches that waited for the minimum interval between reloads (their changes went in together). */
+  reloadsDeferred?: number;
+  /** The private master's restarts after an unexpected exit (absent in system mode). */
+  restarts?: number;
+  /** Leftover Nginx processes of the private prefix (a killed gateway's or master's) stopped. */
+  staleStopped?: number;
 }
 
 export interface TunnelMetric {
@@ -127,6 +133,19 @@ export function createMetrics(sources: MetricsSources = {}, opts: { defaultMetri
   pulledCounter('nginx_reload_failures_total', 'Nginx reloads that failed (the previous config kept serving).', [], nginx((s) => s.reloadFailures));
   pulledGauge('nginx_last_reload_success_timestamp_seconds', 'When Nginx last reloaded successfully (0: never).', [], nginx((s) => (s.lastReloadAt ?? 0) / 1000));
   pulledCounter('nginx_files_written_total', 'Nginx config files written.', [], nginx((s) => s.filesWritten));
+  pulledCounter(
+    'nginx_reloads_deferred_total',
+    'Change batches that waited for the minimum interval between reloads, to go in with the changes made meanwhile.',
+    [],
+    nginx((s) => s.reloadsDeferred ?? null),
+  );
+  pulledCounter('nginx_restarts_total', 'Restarts of the private Nginx master after it exited unexpectedly.', [], nginx((s) => s.restarts ?? null));
+  pulledCounter(
+    'nginx_stale_processes_stopped_total',
+    'Leftover Nginx processes of the private prefix (of a killed gateway or master) stopped before a start.',
+    [],
+    nginx((s) => s.staleStopped ?? null),
+  );
   pulledGauge('nginx_config_info', 'The hash of the applied Nginx config (value always 1).', ['hash'], async () => {
     const h = src.nginxConfigHash?.();
     return h ? [[{ hash: h }, 1]] : [];

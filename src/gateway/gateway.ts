@@ -11,9 +11,10 @@ import { planFromController } from '../api/plan.js';
 import type { Runtime } from '../api/runtime.js';
 import { Controller } from '../reconcilers/controller.js';
 import type { Clock } from '../reconcilers/clock.js';
-import { createNginxLoop, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
+import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
 import { certForFromStatus, createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
+import { removeEabLeftovers } from '../reconcilers/tls/certbot.js';
 import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import type { AnyLoop, StatusSnapshot } from '../reconcilers/types.js';
 import { createStatsCollector } from '../reconcilers/stats/index.js';
@@ -52,6 +53,8 @@ export interface GatewayDeps {
   ssh?: Partial<SshLoopOptions>;
   /** DNS pre-flight resolver of the TLS loop (tests resolve everything to 127.0.0.1). */
   resolve?: (domain: string) => Promise<unknown>;
+  /** Nginx loop overrides (the bench compares reload intervals). */
+  nginxLoop?: Pick<NginxLoopOptions, 'minReloadIntervalMs'>;
 }
 
 export async function startGateway(options: GatewayOptions, deps: GatewayDeps = {}): Promise<Gateway> {
@@ -90,6 +93,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const accessLog = join(logsDir, 'access.log');
   // The model API's way into Nginx: a Unix socket only the gateway's user can reach.
   const internal = await prepareInternalListener(stateDir);
+  // certbot's EAB config files (the HMAC key) that a crash during a run left behind.
+  await removeEabLeftovers(certbotDirsUnder(options.certbotDir ? resolve(options.certbotDir) : join(stateDir, 'certbot')).workDir);
   let nginx: NginxProcess | undefined;
   let confDir: string;
   let mainConfPath: string;
@@ -109,14 +114,18 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       paths,
       nginxBin: options.nginxBin,
       logger: logger.child({ component: 'nginx' }),
+      // A master that died or came back: a pass reports it and re-applies what a failed reload rolled back.
+      onEvent: (e) => {
+        if ((e.type === 'exited' && !e.expected) || e.type === 'restart-failed' || (e.type === 'started' && nginx?.info.lastExit)) controller.notify();
+      },
     });
     test = (conf) => testConfig(conf, paths.prefix, { nginxBin: options.nginxBin });
     reload = () => nginx!.reload();
   } else {
     confDir = resolve(options.sitesDir!);
     await mkdir(join(confDir, 'sites'), { recursive: true });
-    const system = systemNginx({ reloadCommand: options.reloadCommand, testCommand: options.testCommand });
     mainConfPath = resolve(options.nginxConf);
+    const system = systemNginx({ reloadCommand: options.reloadCommand, testCommand: options.testCommand, nginxConf: mainConfPath });
     test = (conf) => system.test(conf);
     reload = () => system.reload();
     // A file left by a system Nginx that died would make its next reload fail.
@@ -168,6 +177,10 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     upstreamFor: (service) => ({ kind: 'socket', path: sshLoop.balancer.socketPathFor(serviceKey(service)) }),
     dependsOn: [TLS_LOOP, SSH_LOOP],
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
+    ...(nginx ? { supervisor: () => nginx!.info } : {}),
+    currentGeneration: () => current.generation,
+    minReloadIntervalMs: DEFAULT_MIN_RELOAD_INTERVAL_MS,
+    ...(deps.nginxLoop ?? {}),
   });
   const loops = [sshLoop, tlsLoop, nginxLoop] as unknown as AnyLoop[];
   const controller = new Controller({
@@ -224,7 +237,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const stats = createStatsCollector({ accessLogPath: accessLog, logger: logger.child({ component: 'stats' }) });
   const metrics = createMetrics({
     loops: () => controller.counters(),
-    nginx: () => nginxLoop.stats,
+    nginx: () => ({ ...nginxLoop.stats, ...(nginx ? { restarts: nginx.info.restarts, staleStopped: nginx.info.staleStopped } : {}) }),
     nginxConfigHash: () => nginxLoop.stats.configHash,
     generation: () => current.generation,
     services: () => stats.totals(current.state),

@@ -11,6 +11,7 @@ import {
   type MainConfOptions,
   type NginxEvent,
   type NginxPaths,
+  type ReloadOutcome,
   type TestResult,
 } from '../../src/reconcilers/nginx/nginx-process.js';
 import { freePorts } from './ports.js';
@@ -25,7 +26,7 @@ export interface TestNginx {
   proc: NginxProcess;
   events: NginxEvent[];
   test: (confPath: string) => Promise<TestResult>;
-  reload: () => Promise<void>;
+  reload: () => Promise<ReloadOutcome>;
   stop: () => Promise<void>;
 }
 

@@ -10,7 +10,7 @@ import { basename, dirname, join, relative } from 'node:path';
 import type { Logger } from 'pino';
 import { ProxyError } from '../../errors.js';
 import { MARKER, SITES_SUBDIR } from './names.js';
-import type { TestResult } from './nginx-process.js';
+import type { ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 
 export { unifiedDiff } from './diff.js';
 
@@ -29,6 +29,8 @@ export interface ApplyResult {
   reloaded: boolean;
   /** The reload failed and the previous files were restored (and reloaded again). */
   rolledBack?: boolean;
+  /** Reloaded, but workers of the previous config still accepted at the deadline. */
+  unconfirmed?: ReloadUnconfirmed;
 }
 
 export function isOwned(text: string): boolean {
@@ -132,6 +134,35 @@ export async function writeAtomic(path: string, text: string, makeDir = true): P
   await rename(tmp, path);
 }
 
+const TEMP_RE = /^\..+\.[0-9a-f]{8}\.tmp$/;
+
+/**
+ * Remove what a crash in the middle of an apply leaves behind: candidate trees and candidate
+ * main confs of an interrupted `nginx -t` (next to the conf dir and the main conf), and temp
+ * files of writeAtomic in the conf dir. Only names this module makes are touched. Call it
+ * before the first apply; the names are the ones withCandidate() and writeAtomic() use.
+ */
+export async function removeApplyLeftovers(sitesDir: string, mainConfPath: string): Promise<string[]> {
+  const removed: string[] = [];
+  const cand = new RegExp(`^\\.${escapeRe(basename(sitesDir))}\\.candidate-[0-9a-f]{8}$`);
+  const scan = async (dir: string, match: (name: string, isDir: boolean) => boolean): Promise<void> => {
+    const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+    for (const e of entries) {
+      if (!match(e.name, e.isDirectory())) continue;
+      await rm(join(dir, e.name), { recursive: true, force: true });
+      removed.push(join(dir, e.name));
+    }
+  };
+  await scan(dirname(sitesDir), (name, isDir) => isDir && cand.test(name));
+  await scan(dirname(mainConfPath), (name, isDir) => !isDir && /^\.dstack-proxy-candidate-[0-9a-f]{8}\.conf$/.test(name));
+  for (const sub of ['', SITES_SUBDIR]) await scan(join(sitesDir, sub), (name, isDir) => !isDir && TEMP_RE.test(name));
+  return removed;
+}
+
+function escapeRe(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+}
+
 async function removeFile(path: string): Promise<void> {
   await unlink(path).catch((e: NodeJS.ErrnoException) => {
     if (e.code !== 'ENOENT') throw e;
@@ -146,7 +177,7 @@ export interface ApplyOptions {
   mainConfPath: string;
   /** `nginx -t` of a main conf (e.g. testConfig with the private prefix). */
   test: (confPath: string) => Promise<TestResult>;
-  reload: () => Promise<void>;
+  reload: () => Promise<ReloadOutcome>;
   logger?: Logger;
 }
 
@@ -187,8 +218,8 @@ export async function applyFiles(opts: ApplyOptions): Promise<ApplyResult> {
     // 3. Reload once (the candidate is removed after); a refused reload restores the previous
     //    files and reloads again.
     try {
-      await opts.reload();
-      return { applied, heldBack, reloaded: true };
+      const outcome = await opts.reload();
+      return { applied, heldBack, reloaded: true, ...(outcome ? { unconfirmed: outcome } : {}) };
     } catch (err) {
       const message = `reload failed: ${err instanceof Error ? err.message : String(err)}`;
       logger?.error({ err: message, files: applied }, 'nginx reload failed, rolling back');

@@ -7,9 +7,9 @@ import { createHash } from 'node:crypto';
 import { TerminalError } from '../../errors.js';
 import type { ProxyState, Service } from '../../spec/types.js';
 import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot } from '../types.js';
-import { applyFiles, readOwned, unifiedDiff, type FilePlan } from './apply.js';
+import { applyFiles, readOwned, removeApplyLeftovers, unifiedDiff, type FilePlan } from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
-import type { TestResult } from './nginx-process.js';
+import type { NginxProcessInfo, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 import { renderAll } from './render.js';
 import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
 
@@ -21,7 +21,7 @@ export interface NginxLoopOptions {
   mainConfPath: string;
   view: Omit<ViewOptions, 'certFor' | 'upstreamFor'>;
   test: (confPath: string) => Promise<TestResult>;
-  reload: () => Promise<void>;
+  reload: () => Promise<ReloadOutcome>;
   /** Certificates that are Ready, from the TLS loop's status; default: none yet. */
   certFor?: (domain: string, statuses: StatusSnapshot) => CertPaths | null;
   upstreamFor?: (service: Service) => UpstreamTarget;
@@ -29,7 +29,26 @@ export interface NginxLoopOptions {
   renderHook?: (fileName: string, text: string) => string;
   /** Dependencies whose status feeds `desired` (the TLS loop, once it exists). */
   dependsOn?: readonly string[];
+  /**
+   * Reload at most once per this interval (ms; default 0 = no limit; the gateway sets
+   * DEFAULT_MIN_RELOAD_INTERVAL_MS). A change right after a reload waits for the end of the
+   * interval and goes in with every change made meanwhile.
+   */
+  minReloadIntervalMs?: number;
+  /** The generation of the stored document now: a batch that waited and is out of date is left to the next pass. */
+  currentGeneration?: () => number;
+  /** The private Nginx's supervisor: its restarts are reported under PROCESS_KEY. */
+  supervisor?: () => NginxProcessInfo;
 }
+
+/** The gateway's minimum time between two reloads. */
+export const DEFAULT_MIN_RELOAD_INTERVAL_MS = 1_000; // 1 s
+
+/** When a pass looks again at a reload whose previous workers still accepted. */
+const UNCONFIRMED_RECHECK_MS = 2_000; // 2 s
+
+/** Status object of the private Nginx master, once it has died and been restarted. */
+export const PROCESS_KEY = '(nginx)';
 
 export interface FilePayload {
   name: string;
@@ -45,6 +64,10 @@ export interface NginxLoopStats {
   reloadFailures: number;
   lastReloadAt: number | null;
   filesWritten: number;
+  /** A batch is waiting for the end of the minimum interval between reloads. */
+  waitingForReload: boolean;
+  /** Batches that waited for it. */
+  reloadsDeferred: number;
 }
 
 interface Observed {
@@ -54,7 +77,17 @@ interface Observed {
 }
 
 export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats } {
-  const stats: NginxLoopStats = { configHash: null, reloads: 0, reloadFailures: 0, lastReloadAt: null, filesWritten: 0 };
+  const stats: NginxLoopStats = {
+    configHash: null,
+    reloads: 0,
+    reloadFailures: 0,
+    lastReloadAt: null,
+    filesWritten: 0,
+    waitingForReload: false,
+    reloadsDeferred: 0,
+  };
+  const minReloadIntervalMs = o.minReloadIntervalMs ?? 0;
+  if (!(minReloadIntervalMs >= 0)) throw new TypeError('minReloadIntervalMs must be >= 0');
   /**
    * The last render. A PUT's dry run and the pass after it render the same spec object with
    * the same certificates: the pass reuses the files (1,000 sites: ~0.2 s) instead.
@@ -65,6 +98,17 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     for (const [svc, answer] of r.upstreams) if (JSON.stringify(o.upstreamFor!(svc)) !== answer) return false;
     return true;
   };
+  /** Sites of a reload whose previous workers still accepted at its deadline: not Applied yet. */
+  let unconfirmed: { check: ReloadUnconfirmed; keys: Set<string> } | null = null;
+  // Before the first look at the conf dir: what a crash in the middle of an apply left there.
+  let leftovers: Promise<void> | null = null;
+  const removeLeftovers = (ctx: LoopContext): Promise<void> =>
+    (leftovers ??= removeApplyLeftovers(o.confDir, o.mainConfPath).then(
+      (removed) => {
+        if (removed.length > 0) ctx.logger.warn({ removed }, 'removed files an interrupted apply left behind');
+      },
+      (err: unknown) => ctx.logger.warn({ err }, 'could not remove the files an interrupted apply left behind'),
+    ));
   return {
     name: NGINX_LOOP,
     stats,
@@ -90,6 +134,15 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     },
 
     async observe(ctx: LoopContext): Promise<Observed> {
+      await removeLeftovers(ctx);
+      if (unconfirmed && (await unconfirmed.check.settled())) {
+        const waiting = (key: string) => ctx.status.get(key)?.some((c) => c.type === 'Ready' && c.reason === 'ReloadUnconfirmed');
+        for (const key of unconfirmed.keys) {
+          if (waiting(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+        }
+        // Forget it once the status says so (a dry run's observe writes nothing).
+        if (![...unconfirmed.keys].some(waiting)) unconfirmed = null;
+      }
       const { owned, foreign } = await readOwned(o.confDir);
       stats.configHash = configHash(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
@@ -97,7 +150,9 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       // until the controller releases their key (released() below).
       const keys = [...owned.keys()].map(objectKey);
       const rejected = ctx.status.keys().filter((k) => ctx.status.get(k)?.some((c) => c.type === 'Ready' && c.status === 'False'));
-      ctx.status.prune([...keys, ...rejected]);
+      const proc = o.supervisor?.();
+      const procKey = proc && reportProcess(ctx, proc) ? [PROCESS_KEY] : [];
+      ctx.status.prune([...keys, ...rejected, ...procKey]);
       for (const key of keys) {
         if (!ctx.status.get(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
       }
@@ -139,6 +194,25 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     async applyBatch(actions: Action<FilePayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
       const plan: FilePlan = { create: [], update: [], delete: [], unchanged: [], conflicts: [] };
       const outcomes = new Map<string, BatchOutcome>();
+      // 0. At most one reload per interval. Every reload makes old workers finish their
+      //    requests and new ones start; a stream of PUTs one service at a time would reload
+      //    once per PUT. The first change after a quiet interval goes in at once; one right
+      //    after a reload waits for the end of the interval. A newer document stored while it
+      //    waited makes this batch stale: the pass that follows (already triggered) plans
+      //    everything from that document, and reloads at once.
+      const wait = stats.lastReloadAt === null ? 0 : stats.lastReloadAt + minReloadIntervalMs - ctx.clock.now();
+      if (wait > 0 && actions.some((a) => a.kind !== 'conflict')) {
+        stats.reloadsDeferred++;
+        stats.waitingForReload = true;
+        try {
+          await new Promise<void>((r) => ctx.clock.setTimeout(r, wait));
+        } finally {
+          stats.waitingForReload = false;
+        }
+        if (o.currentGeneration && o.currentGeneration() !== ctx.generation) {
+          return new Map(actions.map((a) => [a.key, { requeueAfterMs: 0 }]));
+        }
+      }
       for (const { kind, payload: p } of actions) {
         if (kind === 'conflict') {
           const message = `${o.confDir}/${p.name} exists and was not written by dstack-proxy; move it away to let this site be served`;
@@ -155,9 +229,10 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         test: o.test,
         reload: async () => {
           try {
-            await o.reload();
+            const outcome = await o.reload();
             stats.reloads++;
             stats.lastReloadAt = ctx.clock.now();
+            return outcome;
           } catch (err) {
             stats.reloadFailures++;
             throw err;
@@ -166,15 +241,27 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         logger: ctx.logger,
       });
       stats.configHash = configHash((await readOwned(o.confDir)).owned);
+      if (result.unconfirmed) {
+        unconfirmed = { check: result.unconfirmed, keys: new Set([...(unconfirmed?.keys ?? []), ...result.applied.map(objectKey)]) };
+        ctx.logger.warn({ files: result.applied.length }, result.unconfirmed.unconfirmed);
+      }
       for (const name of result.applied) {
-        outcomes.set(name, 'done');
         const key = objectKey(name);
-        if (plan.delete.some((d) => d.name === name)) ctx.status.delete(key);
-        else {
-          stats.filesWritten++;
-          ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
-          ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
+        if (plan.delete.some((d) => d.name === name)) {
+          outcomes.set(name, 'done');
+          ctx.status.delete(key);
+          continue;
         }
+        stats.filesWritten++;
+        if (result.unconfirmed) {
+          // Come back to confirm: observe() flips it to Applied once the old workers are gone.
+          outcomes.set(name, { requeueAfterMs: UNCONFIRMED_RECHECK_MS });
+          ctx.status.set(key, { type: 'Ready', status: 'Unknown', reason: 'ReloadUnconfirmed', message: result.unconfirmed.unconfirmed });
+        } else {
+          outcomes.set(name, 'done');
+          ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+        }
+        ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
       }
       for (const { file, message } of result.heldBack) {
         outcomes.set(file, { error: new Error(message) });
@@ -191,6 +278,26 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       return outcomes;
     },
   };
+}
+
+/**
+ * The master's condition, once it has exited unexpectedly (before that, nothing to report:
+ * the sites' own conditions say it serves). False while it is down.
+ */
+function reportProcess(ctx: LoopContext, p: NginxProcessInfo): boolean {
+  if (p.lastExit === null) return false;
+  const how = p.lastExit.signal ? `signal ${p.lastExit.signal}` : `exit code ${p.lastExit.code}`;
+  const when = new Date(p.lastExit.at).toISOString();
+  const stale = p.staleStopped > 0 ? `; stopped ${p.staleStopped} leftover Nginx process(es) of this prefix` : '';
+  if (p.running) {
+    const message = `restarted (pid ${p.pid}) after it exited with ${how} at ${when}; ${p.restarts} restart(s) so far${stale}`;
+    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'True', reason: 'Restarted', message });
+  } else if (p.restartError) {
+    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'False', reason: 'RestartFailed', message: `exited with ${how} at ${when}; restart failed: ${p.restartError}` });
+  } else {
+    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'False', reason: 'Restarting', message: `exited with ${how} at ${when}; restarting` });
+  }
+  return true;
 }
 
 /**

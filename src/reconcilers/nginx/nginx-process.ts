@@ -1,7 +1,7 @@
 // The private Nginx: its main conf, `nginx -t`, and a supervised master process. Also the
 // system-mode counterparts (an operator-managed Nginx reloaded by a command).
 
-import { mkdir, open, readFile, readdir, stat, unlink, writeFile } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, readlink, stat, unlink, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
@@ -146,8 +146,20 @@ export function splitCommand(cmd: string): string[] {
 }
 
 /** System mode: an Nginx the operator runs; we only test candidates and run its reload command. */
-export function systemNginx(opts: { reloadCommand?: string; testCommand?: string; exec?: Exec } = {}) {
+export function systemNginx(
+  opts: {
+    reloadCommand?: string;
+    testCommand?: string;
+    exec?: Exec;
+    /** The system master's pid file (default: the `pid` of nginxConf); lets reload() wait for its new workers. */
+    pidFile?: string;
+    nginxConf?: string;
+    /** How long reload() waits for the previous workers to stop accepting. Default 15 s. */
+    timeoutMs?: number;
+  } = {},
+) {
   const exec = opts.exec ?? defaultExec;
+  const timeoutMs = opts.timeoutMs ?? 15_000;
   const reloadArgv = splitCommand(opts.reloadCommand ?? 'nginx -s reload');
   const testArgv = splitCommand(opts.testCommand ?? 'nginx -t');
   return {
@@ -157,10 +169,22 @@ export function systemNginx(opts: { reloadCommand?: string; testCommand?: string
       const r = await exec(bin, [...args, '-c', confPath]);
       return r.exitCode === 0 ? { ok: true } : { ok: false, ...parseTestOutput(`${r.stderr}\n${r.stdout}`) };
     },
-    async reload(): Promise<void> {
+    /**
+     * Runs the reload command. It returns once the signal is sent, while workers of the
+     * previous config still accept: when the master is known (its pid file), wait until they
+     * stopped and new ones run, so "applied" means served.
+     */
+    async reload(): Promise<ReloadOutcome> {
+      const pidFile = opts.pidFile ?? (opts.nginxConf ? await pidFileOf(opts.nginxConf) : undefined);
+      const master = pidFile ? await masterFromPidFile(pidFile) : undefined;
+      const old = master ? await acceptingWorkers(master) : [];
       const [bin, ...args] = reloadArgv as [string, ...string[]];
+      const t0 = Date.now();
       const r = await exec(bin, args);
       if (r.exitCode !== 0) throw new Error(`${reloadArgv.join(' ')} exited ${r.exitCode}: ${r.stderr.trim()}`);
+      if (master === undefined) return;
+      if (await untilSwitched(master, old, t0 + timeoutMs)) return;
+      return unconfirmed(master, old, Date.now() - t0);
     },
   };
 }
@@ -170,7 +194,22 @@ export type NginxEvent =
   | { type: 'exited'; code: number | null; signal: string | null; expected: boolean }
   | { type: 'restarting'; attempt: number; delayMs: number }
   | { type: 'restart-failed'; attempt: number; error: string }
-  | { type: 'reloaded' };
+  | { type: 'reloaded' }
+  | { type: 'stale-stopped'; pids: number[]; killed: number[] };
+
+/** What the supervisor knows about its master, for the status and /metrics. */
+export interface NginxProcessInfo {
+  /** A master is up and serving (it wrote its pid). */
+  running: boolean;
+  pid: number | undefined;
+  /** Successful restarts after an unexpected exit. */
+  restarts: number;
+  /** Nginx processes of this prefix left by someone else (a killed gateway or master), stopped. */
+  staleStopped: number;
+  lastExit: { code: number | null; signal: string | null; at: number } | null;
+  /** The last restart attempt that failed, while no master runs. */
+  restartError: string | null;
+}
 
 export interface NginxProcessOptions {
   paths: NginxPaths;
@@ -182,6 +221,8 @@ export interface NginxProcessOptions {
   restartMaxMs?: number;
   /** How long start() and reload() wait for Nginx. Default 15 s (a busy bind retries 5 × 500 ms). */
   timeoutMs?: number;
+  /** How long a stale Nginx of this prefix gets after SIGTERM before SIGKILL. Default 2 s. */
+  staleGraceMs?: number;
 }
 
 async function waitFor<T>(deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
@@ -227,6 +268,157 @@ async function childrenOf(pid: number): Promise<number[]> {
   return out;
 }
 
+interface ProcEntry {
+  pid: number;
+  ppid: number;
+  /** One letter: R, S, D, Z (zombie: exited, holds nothing), … */
+  state: string;
+  comm: string;
+  /** Start time in clock ticks since boot: tells a pid apart from a later process reusing it. */
+  startTime: string;
+}
+
+async function procEntry(pid: number): Promise<ProcEntry | null> {
+  const st = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  const close = st.lastIndexOf(')');
+  if (close < 0) return null;
+  // "pid (comm) state ppid pgrp session tty tpgid flags minflt … starttime(22nd) …"
+  const rest = st.slice(close + 2).split(' ');
+  return { pid, ppid: Number(rest[1]), state: rest[0] ?? '', comm: st.slice(st.indexOf('(') + 1, close), startTime: rest[19] ?? '' };
+}
+
+/** Alive and still the same process (not exited, not a zombie, pid not reused). */
+async function stillRunning(p: ProcEntry): Promise<boolean> {
+  const now = await procEntry(p.pid);
+  return now !== null && now.state !== 'Z' && now.startTime === p.startTime;
+}
+
+/**
+ * Nginx daemons (master, workers, cache processes) of this prefix: their title starts with
+ * "nginx: " and they hold this prefix's error log open, or — a master — name the prefix after
+ * `-p`. An `nginx -t` (raw argv, no title) and other prefixes' Nginx never match, nor does an
+ * unrelated process that reused a pid from nginx.pid.
+ */
+export async function nginxOfPrefix(paths: NginxPaths): Promise<ProcEntry[]> {
+  const out: ProcEntry[] = [];
+  const log = resolve(paths.errorLogPath);
+  const prefix = resolve(paths.prefix);
+  for (const name of await readdir('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    const p = await procEntry(Number(name));
+    if (!p || p.comm !== 'nginx' || p.state === 'Z') continue;
+    const title = (await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '')).replace(/\0+$/, '');
+    if (!title.startsWith('nginx: ')) continue;
+    const args = title.split(/[\0 ]+/);
+    const named = args.some((a, i) => a === '-p' && args[i + 1] !== undefined && resolve(args[i + 1]!) === prefix);
+    if (named || (await holdsFile(p.pid, log))) out.push(p);
+  }
+  return out;
+}
+
+async function holdsFile(pid: number, path: string): Promise<boolean> {
+  const fds = await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]);
+  for (const fd of fds) {
+    const target = await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '');
+    if (target === path || target === `${path} (deleted)`) return true;
+  }
+  return false;
+}
+
+/** SIGTERM every process, then SIGKILL what is left after graceMs; resolves once all are gone. */
+async function terminate(procs: ProcEntry[], graceMs: number): Promise<{ killed: number[]; left: number[] }> {
+  const signal = async (p: ProcEntry, sig: NodeJS.Signals): Promise<void> => {
+    if (!(await stillRunning(p))) return;
+    try {
+      process.kill(p.pid, sig);
+    } catch {
+      // ESRCH: gone meanwhile; EPERM: not ours to stop, reported as left below.
+    }
+  };
+  const alive = async (): Promise<ProcEntry[]> => {
+    const out: ProcEntry[] = [];
+    for (const p of procs) if (await stillRunning(p)) out.push(p);
+    return out;
+  };
+  const waitGone = async (ms: number): Promise<ProcEntry[]> => {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      const left = await alive();
+      if (left.length === 0 || Date.now() > deadline) return left;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  };
+  for (const p of procs) await signal(p, 'SIGTERM');
+  const stubborn = await waitGone(graceMs);
+  for (const p of stubborn) await signal(p, 'SIGKILL');
+  const left = await waitGone(graceMs);
+  return { killed: stubborn.map((p) => p.pid), left: left.map((p) => p.pid) };
+}
+
+/**
+ * What a reload ended with when Nginx took the new config but workers of the previous one
+ * still accept connections at the deadline: the sites are not reported served yet, and
+ * settled() tells later whether they are by now.
+ */
+export interface ReloadUnconfirmed {
+  unconfirmed: string;
+  settled: () => Promise<boolean>;
+}
+
+/** A reload's outcome: undefined = every new connection gets the new config. */
+export type ReloadOutcome = void | ReloadUnconfirmed;
+
+/** Workers of `master` that still accept connections: not exited, title not "shutting down". */
+async function acceptingWorkers(master: number): Promise<number[]> {
+  const out: number[] = [];
+  for (const pid of await childrenOf(master)) {
+    const title = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+    const p = await procEntry(pid);
+    if (p && p.state !== 'Z' && title.startsWith('nginx: worker process') && !title.includes('shutting down')) out.push(pid);
+  }
+  return out;
+}
+
+/**
+ * The new generation serves alone: none of the workers that accepted before the reload still
+ * does (each exited or closed its listening sockets, which it does as it takes the title
+ * "worker process is shutting down"), and a worker of the new generation exists.
+ */
+async function generationSwitched(master: number, old: readonly number[]): Promise<boolean> {
+  const accepting = await acceptingWorkers(master);
+  return accepting.length > 0 && accepting.every((w) => !old.includes(w));
+}
+
+async function untilSwitched(master: number, old: readonly number[], deadline: number): Promise<boolean> {
+  for (;;) {
+    if (await generationSwitched(master, old)) return true;
+    if (Date.now() > deadline) return false;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+function unconfirmed(master: number, old: readonly number[], waitedMs: number): ReloadUnconfirmed {
+  return {
+    unconfirmed: `nginx took the new config, but after ${Math.round(waitedMs / 1000)} s workers of the previous one (pid ${old.join(', ')}) still accept connections`,
+    settled: () => generationSwitched(master, old),
+  };
+}
+
+/** The pid in an Nginx pid file, when it is a running Nginx master (else undefined). */
+async function masterFromPidFile(pidFile: string): Promise<number | undefined> {
+  const pid = Number((await readFile(pidFile, 'utf8').catch(() => '')).trim());
+  if (!Number.isInteger(pid) || pid <= 0) return undefined;
+  const title = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  return title.startsWith('nginx: master process') ? pid : undefined;
+}
+
+/** The `pid` directive of a main conf, or Debian's compiled-in default. */
+export async function pidFileOf(mainConfPath: string): Promise<string> {
+  const text = await readFile(mainConfPath, 'utf8').catch(() => '');
+  const m = /^\s*pid\s+("[^"]+"|'[^']+'|[^\s;]+)\s*;/m.exec(text);
+  return m?.[1] ? m[1].replace(/^["']|["']$/g, '') : '/run/nginx.pid';
+}
+
 async function sizeOf(path: string): Promise<number> {
   return stat(path).then((s) => s.size, () => 0);
 }
@@ -235,12 +427,23 @@ async function sizeOf(path: string): Promise<number> {
  * A supervised Nginx master (`-g 'daemon off;'`): restarted with backoff when it dies
  * unexpectedly; reload() sends SIGHUP and waits for the new workers (or the [emerg] that
  * refused the new config, which keeps the old one serving).
+ *
+ * Before every start and restart it stops whatever Nginx of its prefix it did not start
+ * itself: the master of a gateway killed with SIGKILL (it survives with ppid 1, holding the
+ * ports) and the workers of a master killed with SIGKILL (they keep serving the old config).
+ * Otherwise the new master could not bind, and every later reload would fail.
  */
 export class NginxProcess {
   private child: ResultPromise | null = null;
+  /** The master's pid once it is serving; undefined while (re)starting or stopped. */
+  private readyPid: number | undefined;
   private stopping = false;
   private attempt = 0;
   private restartTimer: NodeJS.Timeout | null = null;
+  private waiters: { resolve: () => void; reject: (e: Error) => void }[] = [];
+  private counts = { restarts: 0, staleStopped: 0 };
+  private lastExit: NginxProcessInfo['lastExit'] = null;
+  private restartError: string | null = null;
   private readonly o: Required<Omit<NginxProcessOptions, 'logger' | 'onEvent'>> & Pick<NginxProcessOptions, 'logger' | 'onEvent'>;
 
   constructor(opts: NginxProcessOptions) {
@@ -249,6 +452,7 @@ export class NginxProcess {
       restartInitialMs: 200,
       restartMaxMs: 30_000,
       timeoutMs: 15_000,
+      staleGraceMs: 2_000,
       ...opts,
     };
   }
@@ -257,17 +461,50 @@ export class NginxProcess {
     return this.child?.pid;
   }
 
+  get info(): NginxProcessInfo {
+    return {
+      running: this.readyPid !== undefined,
+      pid: this.readyPid,
+      restarts: this.counts.restarts,
+      staleStopped: this.counts.staleStopped,
+      lastExit: this.lastExit,
+      restartError: this.readyPid === undefined ? this.restartError : null,
+    };
+  }
+
   /** Test the config, start the master and wait until it wrote its pid (sockets are bound). */
   async start(): Promise<void> {
     const { paths, nginxBin } = this.o;
     const t = await testConfig(paths.confPath, paths.prefix, { nginxBin });
     if (!t.ok) throw new ProxyError('DP_ERR_BAD_OPTION', `nginx config invalid: ${t.message}`);
     this.stopping = false;
-    await this.spawn();
+    await this.spawn(false);
   }
 
-  private async spawn(): Promise<void> {
+  /**
+   * Stop every Nginx of this prefix other than our own master and its workers (SIGTERM, then
+   * SIGKILL after staleGraceMs). Identified by /proc, never by the pid file alone: a pid in
+   * nginx.pid may belong to an unrelated process by now.
+   */
+  private async stopStale(): Promise<void> {
+    const own = this.readyPid;
+    const stale = (await nginxOfPrefix(this.o.paths)).filter((p) => p.pid !== own && (own === undefined || p.ppid !== own));
+    if (stale.length === 0) return;
+    const pidFile = Number((await readFile(this.o.paths.pidPath, 'utf8').catch(() => '')).trim());
+    const pids = stale.map((p) => p.pid);
+    this.o.logger?.warn(
+      { pids, pidFileMaster: pids.includes(pidFile) ? pidFile : undefined, prefix: this.o.paths.prefix },
+      'stopping Nginx processes of this prefix left by a previous gateway or master',
+    );
+    const { killed, left } = await terminate(stale, this.o.staleGraceMs);
+    this.counts.staleStopped += stale.length - left.length;
+    this.o.onEvent?.({ type: 'stale-stopped', pids, killed });
+    if (left.length > 0) throw new Error(`could not stop the previous Nginx processes ${left.join(', ')} of ${this.o.paths.prefix}`);
+  }
+
+  private async spawn(restart: boolean): Promise<void> {
     const { paths, nginxBin } = this.o;
+    await this.stopStale();
     // A master killed outright leaves its socket files behind, and bind() would then fail.
     for (const p of paths.unixListeners ?? []) await unlink(p).catch(() => undefined);
     const child = execa(nginxBin, ['-p', paths.prefix, '-c', paths.confPath, '-g', 'daemon off;'], {
@@ -284,6 +521,7 @@ export class NginxProcess {
       exited = true;
       if (this.child !== child) return;
       this.child = null;
+      this.readyPid = undefined;
       // Before it was ready, spawn() itself reports the failure.
       if (ready) this.onExit(r.exitCode ?? null, r.signal ?? null, r.stderr?.toString() ?? '');
     });
@@ -305,12 +543,17 @@ export class NginxProcess {
       throw err;
     }
     ready = true;
+    this.readyPid = pid;
+    this.restartError = null;
+    if (restart) this.counts.restarts++;
     this.o.logger?.info({ pid }, 'nginx started');
     this.o.onEvent?.({ type: 'started', pid });
+    for (const w of this.waiters.splice(0)) w.resolve();
   }
 
   private onExit(code: number | null, signal: string | null, stderr: string): void {
     const expected = this.stopping;
+    if (!expected) this.lastExit = { code, signal, at: Date.now() };
     this.o.onEvent?.({ type: 'exited', code, signal, expected });
     if (expected) return;
     this.o.logger?.error({ code, signal, stderr: stderr.slice(-2000) }, 'nginx exited unexpectedly');
@@ -324,12 +567,13 @@ export class NginxProcess {
     this.restartTimer = setTimeout(() => {
       this.restartTimer = null;
       if (this.stopping) return;
-      this.spawn().then(
+      this.spawn(true).then(
         () => {
           this.attempt = 0;
         },
         (err: unknown) => {
           const error = err instanceof Error ? err.message : String(err);
+          this.restartError = error;
           this.o.logger?.error({ err: error, attempt: this.attempt }, 'nginx restart failed');
           this.o.onEvent?.({ type: 'restart-failed', attempt: this.attempt, error });
           if (!this.stopping) this.scheduleRestart();
@@ -339,19 +583,56 @@ export class NginxProcess {
   }
 
   /**
+   * The pid of a serving master. While a restart is under way (the master died), wait for it:
+   * the new master reads the files as they are now, so a change written meanwhile is not
+   * lost to a "not running" failure and a rollback.
+   */
+  private async runningPid(): Promise<number> {
+    if (this.readyPid !== undefined) return this.readyPid;
+    if (this.stopping) throw new Error('nginx is not running');
+    await new Promise<void>((resolvePromise, reject) => {
+      const waiter = { resolve: resolvePromise, reject };
+      this.waiters.push(waiter);
+      setTimeout(() => {
+        const i = this.waiters.indexOf(waiter);
+        if (i < 0) return;
+        this.waiters.splice(i, 1);
+        reject(new Error(`nginx is not running${this.restartError ? ` (restart failed: ${this.restartError})` : ' (restarting)'}`));
+      }, this.o.timeoutMs).unref();
+    });
+    if (this.readyPid === undefined) throw new Error('nginx is not running');
+    return this.readyPid;
+  }
+
+  /**
    * SIGHUP the master; resolve once the new workers started and every old worker closed its
    * listening sockets (its title turns to "worker process is shutting down"), so the next
    * connection is served by the new config. Reject with the [emerg] if Nginx refused it.
    */
-  async reload(): Promise<void> {
-    const pid = this.child?.pid;
-    if (pid === undefined) throw new Error('nginx is not running');
+  async reload(): Promise<ReloadOutcome> {
     const log = this.o.paths.errorLogPath;
-    const offset = await sizeOf(log);
-    const oldWorkers = await childrenOf(pid);
-    process.kill(pid, 'SIGHUP');
+    const t0 = Date.now();
+    const deadline = t0 + this.o.timeoutMs;
+    let pid: number;
+    let offset: number;
+    let oldWorkers: number[];
+    for (;;) {
+      pid = await this.runningPid();
+      offset = await sizeOf(log);
+      oldWorkers = await acceptingWorkers(pid);
+      try {
+        process.kill(pid, 'SIGHUP');
+        break;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+        // The master died and its exit has not been noticed yet: wait for that, then for the restart.
+        const dead = pid;
+        await waitFor(deadline, async () => (this.readyPid !== dead ? true : undefined), 'the exit of nginx to be noticed');
+      }
+    }
+    // 1. The master took the new config and started its workers, or refused it.
     await waitFor(
-      Date.now() + this.o.timeoutMs,
+      deadline,
       async () => {
         const out = await readFrom(log, offset);
         if (!/reconfiguring/.test(out)) return undefined; // the master has not picked up the signal yet
@@ -362,16 +643,15 @@ export class NginxProcess {
           if (!(await masterIdle(pid))) return undefined;
           throw new Error(`nginx refused the reload: ${bad[0]}`);
         }
-        if (!/start worker process/.test(out)) return undefined;
-        for (const w of oldWorkers) {
-          const title = await readFile(`/proc/${w}/cmdline`, 'utf8').catch(() => '');
-          if (title.includes('worker process') && !title.includes('shutting down')) return undefined;
-        }
-        return true;
+        return /start worker process/.test(out) ? true : undefined;
       },
       'nginx to reload',
     );
+    // 2. No worker of the previous config accepts any more. Past the deadline the new config
+    //    is in (no rollback), but not yet what every new connection gets: say so.
+    const switched = await untilSwitched(pid, oldWorkers, deadline);
     this.o.onEvent?.({ type: 'reloaded' });
+    return switched ? undefined : unconfirmed(pid, oldWorkers, Date.now() - t0);
   }
 
   /** Stop the master (SIGQUIT: graceful; SIGTERM: fast) and wait for it to exit. */
@@ -379,6 +659,7 @@ export class NginxProcess {
     this.stopping = true;
     if (this.restartTimer) clearTimeout(this.restartTimer);
     this.restartTimer = null;
+    for (const w of this.waiters.splice(0)) w.reject(new Error('nginx is stopping'));
     const child = this.child;
     if (!child) return;
     child.kill(opts.graceful ? 'SIGQUIT' : 'SIGTERM');

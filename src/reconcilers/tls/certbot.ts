@@ -4,7 +4,7 @@
 // The EAB HMAC key goes to certbot through a 0600 config file, never argv (visible in `ps`), and
 // is scrubbed from anything certbot prints before it reaches a log, a status or an error.
 
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 
@@ -134,6 +134,18 @@ export class CertbotRunner {
       if (configFile) await rm(configFile, { force: true });
     }
   }
+}
+
+/**
+ * Remove the EAB config files (they hold the HMAC key) that a crash during a certbot run left
+ * in its work dir: the state file is the only place that key may persist. Call it at start,
+ * before any run (the names are the ones #runNow writes).
+ */
+export async function removeEabLeftovers(workDir: string): Promise<string[]> {
+  const names = await readdir(workDir).catch(() => [] as string[]);
+  const stale = names.filter((n) => /^eab-\d+-\d+\.ini$/.test(n)).map((n) => join(workDir, n));
+  for (const path of stale) await rm(path, { force: true });
+  return stale;
 }
 
 function killGroup(pid: number | undefined, signal: NodeJS.Signals): void {
