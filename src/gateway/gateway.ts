@@ -111,6 +111,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
     keepaliveCountMax: options.sshKeepaliveCountMax,
     drainMs: options.drainPeriod * 1000,
+    // A removed service's socket stays until Nginx has stopped routing to it.
+    routedBy: NGINX_LOOP,
     ...(deps.ssh ?? {}),
   });
   const tlsLoop = createTlsLoop({
