@@ -183,7 +183,7 @@ export class Controller {
     const loops: Record<string, LoopStatus> = {};
     for (const rt of this.#runtimes) loops[rt.loop.name] = rt.status.snapshot(failureInfo(rt));
     const observedGeneration = Math.min(...this.#runtimes.map((rt) => rt.observedGeneration));
-    return { generation: this.#getSpec().generation, observedGeneration: Number.isFinite(observedGeneration) ? observedGeneration : 0, loops };
+    return { generation: this.#getSpec().generation, observedGeneration: Number.isFinite(observedGeneration) ? Math.max(0, observedGeneration) : 0, loops };
   }
 
   /** Called with a loop's new status whenever it changed; returns an unsubscribe function. */
@@ -502,8 +502,9 @@ export class Controller {
       started: 0,
       holdStatus: false,
       settledThisPass: false,
-      settledGeneration: 0,
-      observedGeneration: 0,
+      // -1: no pass settled yet (the first generation of a new gateway is 0).
+      settledGeneration: -1,
+      observedGeneration: -1,
       settleSignal: deferred(),
       statusDirty: false,
       flushScheduled: false,

@@ -328,6 +328,21 @@ describe('Controller', () => {
     expect(c.statuses()).toMatchObject({ generation: 2, observedGeneration: 2 });
   });
 
+  it('whenSettled waits for the first pass also at generation 0', async () => {
+    const spec = { current: specWith(0, { a: 1 }) };
+    const gate = deferred();
+    const f = fakeLoop({ name: 'files', observeGate: () => gate.promise });
+    const { c } = setup([f], spec);
+    void c.start();
+    let settled = false;
+    const w = c.whenSettled().then(() => (settled = true));
+    for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
+    expect(settled).toBe(false);
+    gate.resolve();
+    await w;
+    expect(f.world.get('a')).toBe('1');
+  });
+
   it('a watcher is triggered by the watched loop\'s status changes and never waits for it', async () => {
     const spec = { current: specWith(1, { a: 1 }) };
     let gate: ReturnType<typeof deferred> | undefined;
