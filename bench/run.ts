@@ -13,6 +13,7 @@ import { join } from 'node:path';
 import { churnRows } from './churn.js';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
+import { removalRows } from './removals.js';
 import { serverProxyRows } from './server-proxy.js';
 import { specRows } from './spec.js';
 import { sshRows } from './ssh.js';
@@ -29,6 +30,7 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'stores', run: storeRows },
   { name: 'models', run: modelRows },
   { name: 'server-proxy', run: serverProxyRows },
+  { name: 'removals', run: removalRows },
 ];
 
 const SECTION_FLAG = '--section';

@@ -54,7 +54,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
       generation: current.generation,
       hash: current.hash,
       ready: runtime.isReady(),
-      observedGeneration: snapshot.generation,
+      // The newest generation every loop has acted on, not just the one stored.
+      observedGeneration: snapshot.observedGeneration ?? snapshot.generation,
       ...options.statusExtra?.(),
       loops: snapshot.loops,
     };

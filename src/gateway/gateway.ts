@@ -154,6 +154,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
     keepaliveCountMax: options.sshKeepaliveCountMax,
     drainMs: options.drainPeriod * 1000,
+    // A removed service's socket stays until Nginx has stopped routing to it.
+    routedBy: NGINX_LOOP,
     ...(deps.ssh ?? {}),
   });
   const tlsLoop = createTlsLoop({
@@ -294,9 +296,13 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     const port = (app.server.address() as { port: number }).port;
     view.apiUrl = apiTarget(port);
     // 5. The first pass: adopts files already correct, writes the rest, reloads at most once.
-    await controller.start();
+    //    Ready once every loop has settled it: Nginx serves the document; certificates still
+    //    being requested (DNS not there yet, certbot running) arrive later on their own.
+    const first = controller.start();
+    await controller.whenSettled();
     ready = true;
-    logger.info({ generation: current.generation }, 'first reconcile pass finished');
+    logger.info({ generation: current.generation }, 'first reconcile pass settled');
+    void first.then(() => logger.info({ generation: current.generation }, 'first reconcile pass finished'));
     return {
       app,
       controller,

@@ -1,11 +1,17 @@
 // The shared controller that drives every reconcile loop (DESIGN.md §3).
 //
 // A pass of one loop: read the spec → desired (pure) → observe → plan (pure) → apply the
-// eligible actions on a shared p-queue → report Ready/Degraded. Passes of one loop never overlap;
-// a trigger during a pass schedules exactly one more. Triggers: notify() (new generation), a
-// status change of a loop this one dependsOn, the periodic resync, and per-key retry/requeue
-// timers. A failing key backs off on its own timer (backoff.ts) and is skipped by passes until
-// then, so it never blocks other keys; a TerminalError parks a key until the next generation.
+// eligible actions on the loop's own queue → report Ready/Degraded. Passes of one loop never
+// overlap; a trigger during a pass schedules exactly one more. Triggers: notify() (new
+// generation), a status change of a loop this one dependsOn or watches, the periodic resync,
+// and per-key retry/requeue timers. A failing key backs off on its own timer (backoff.ts) and
+// is skipped by passes until then, so it never blocks other keys; a TerminalError parks a key
+// until the next generation.
+//
+// A dependent waits for its dependencies only until each has settled one pass that read the
+// generation it is about to read, never for the passes they queue afterwards, and each loop
+// applies its actions on its own queue: a loop that is slow or always busy (the TLS loop with
+// hundreds of domains whose DNS is not there yet) cannot hold back the others.
 
 import PQueue from 'p-queue';
 import pino from 'pino';
@@ -28,7 +34,7 @@ export interface ControllerOptions {
   /** The current spec; read at the start of every pass. */
   getSpec: () => SpecSnapshot;
   clock?: Clock;
-  /** Actions applied at once, across all loops. Default 4. */
+  /** Actions applied at once, per loop (a loop may ask for fewer). Default 4. */
   concurrency?: number;
   /** Every loop runs at least this often, to repair drift. Default 60_000 (60 s). */
   resyncIntervalMs?: number;
@@ -49,6 +55,9 @@ interface Deferred {
 interface Runtime {
   loop: AnyLoop;
   dependents: Runtime[];
+  /** Loops that watch this one: triggered by its status changes, never waited for. */
+  watchers: Runtime[];
+  queue: PQueue;
   status: StatusStore;
   /** Failing action keys, and the retry timer of each. */
   failures: FailureBook;
@@ -60,7 +69,15 @@ interface Runtime {
   running: Promise<void> | null;
   pending: Deferred | null;
   started: number;
-  inPass: boolean;
+  /** Status changes are held back (flushed once) until the pass has settled. */
+  holdStatus: boolean;
+  settledThisPass: boolean;
+  /** Generation read by the last pass that settled (failed or not). */
+  settledGeneration: number;
+  /** Generation read by the last pass that settled without failing as a whole. */
+  observedGeneration: number;
+  /** Resolved (and replaced) whenever a pass settles or ends. */
+  settleSignal: Deferred;
   statusDirty: boolean;
   flushScheduled: boolean;
   generation: number;
@@ -76,7 +93,7 @@ export class Controller {
   readonly #byName = new Map<string, Runtime>();
   readonly #getSpec: () => SpecSnapshot;
   readonly #clock: Clock;
-  readonly #queue: PQueue;
+  readonly #concurrency: number;
   readonly #resyncIntervalMs: number;
   readonly #logger: pino.Logger;
   readonly #listeners = new Set<StatusListener>();
@@ -95,12 +112,13 @@ export class Controller {
     this.#clock = clock;
     this.#resyncIntervalMs = resyncIntervalMs;
     this.#logger = opts.logger ?? pino({ level: 'silent' });
-    this.#queue = new PQueue({ concurrency });
+    this.#concurrency = concurrency;
 
     this.#runtimes = orderLoops(loops).map((loop) => this.#runtime(loop, policy, opts.random));
     for (const rt of this.#runtimes) this.#byName.set(rt.loop.name, rt);
     for (const rt of this.#runtimes) {
       for (const dep of rt.loop.dependsOn ?? []) this.#byName.get(dep)?.dependents.push(rt);
+      for (const w of rt.loop.watches ?? []) this.#byName.get(w)?.watchers.push(rt);
     }
   }
 
@@ -120,18 +138,23 @@ export class Controller {
   }
 
   /**
-   * Runs every loop once, each after the loops it depends on; resolves when all are done.
+   * Runs every loop once; resolves when all are done. Each pass starts once the loops it
+   * depends on have settled theirs (see #dependenciesSettled), not once they are done.
    * A pass already running that started after this call counts as the one pass.
    */
   reconcileAll(): Promise<void> {
     if (this.#stopped) return Promise.resolve();
-    const done = new Map<string, Promise<void>>();
-    for (const rt of this.#runtimes) {
-      const seq = rt.started;
-      const deps = (rt.loop.dependsOn ?? []).map((d) => done.get(d) ?? Promise.resolve());
-      done.set(rt.loop.name, Promise.all(deps).then(() => this.#passAfter(rt, seq)));
-    }
-    return Promise.all(done.values()).then(() => undefined);
+    const passes = this.#runtimes.map((rt) => this.#passAfter(rt, rt.started));
+    return Promise.all(passes).then(() => undefined);
+  }
+
+  /**
+   * Resolves once every loop has settled a pass that read the generation current at this
+   * call (a loop with nothing running or pending counts as settled). Unlike reconcileAll it
+   * does not wait for actions of loops that settle after planning (certbot runs).
+   */
+  whenSettled(): Promise<void> {
+    return this.#settledAll(this.#runtimes, this.#currentGeneration());
   }
 
   /** Alias of reconcileAll. */
@@ -159,7 +182,8 @@ export class Controller {
   statuses(): StatusSnapshot {
     const loops: Record<string, LoopStatus> = {};
     for (const rt of this.#runtimes) loops[rt.loop.name] = rt.status.snapshot(failureInfo(rt));
-    return { generation: this.#getSpec().generation, loops };
+    const observedGeneration = Math.min(...this.#runtimes.map((rt) => rt.observedGeneration));
+    return { generation: this.#getSpec().generation, observedGeneration: Number.isFinite(observedGeneration) ? Math.max(0, observedGeneration) : 0, loops };
   }
 
   /** Called with a loop's new status whenever it changed; returns an unsubscribe function. */
@@ -207,13 +231,15 @@ export class Controller {
     rt.running = pass.then(() => {
       rt.running = null;
       d.resolve();
-      if (rt.pending === null) return;
-      if (this.#stopped) {
-        rt.pending.resolve();
-        rt.pending = null;
-      } else {
-        this.#startPass(rt);
+      if (rt.pending !== null) {
+        if (this.#stopped) {
+          rt.pending.resolve();
+          rt.pending = null;
+        } else {
+          this.#startPass(rt);
+        }
       }
+      signal(rt);
     });
   }
 
@@ -243,18 +269,19 @@ export class Controller {
         rt.pending.resolve();
         rt.pending = null;
       }
+      signal(rt);
     }
     await Promise.all(this.#runtimes.map((rt) => rt.running));
-    await this.#queue.onIdle();
+    await Promise.all(this.#runtimes.map((rt) => rt.queue.onIdle()));
   }
 
   // ── one pass ──────────────────────────────────────────────────────────────────────────
 
   async #pass(rt: Runtime): Promise<void> {
-    // 0. A pass starts once the loops this one depends on have settled (Nginx: the balancer
-    //    sockets its sites point at exist), whatever triggered it. It reads everything after
-    //    that, so it also counts as the pass of any trigger that arrived meanwhile (the
-    //    dependency's own status change, typically).
+    // 0. A pass starts once the loops this one depends on have settled a pass of the current
+    //    generation (Nginx: the balancer sockets its sites point at exist), whatever
+    //    triggered it. It reads everything after that, so it also counts as the pass of any
+    //    trigger that arrived meanwhile (the dependency's own status change, typically).
     await this.#dependenciesSettled(rt);
     const covered = rt.pending;
     rt.pending = null;
@@ -267,9 +294,11 @@ export class Controller {
 
   async #steps(rt: Runtime): Promise<void> {
     const t0 = this.#clock.now();
-    rt.inPass = true;
+    rt.holdStatus = true;
+    rt.settledThisPass = false;
     rt.counters.passes++;
     let generation = rt.generation;
+    let failed = false;
     try {
       let actions: Action<unknown>[];
       const ctx = this.#context(rt);
@@ -286,9 +315,13 @@ export class Controller {
         rt.passFailures.succeed(PASS_KEY);
         rt.passTimer.clear(PASS_KEY);
       } catch (err) {
+        failed = true;
         this.#passFailed(rt, err, generation);
         return;
       }
+      // What a dependent of a loop that settles after planning reads is there now; results
+      // of the actions below reach it as status changes (each triggers it again).
+      if (rt.loop.settlesAfter === 'plan') this.#settle(rt, generation, true);
       // 4. Act: every planned key that is not backing off or parked. A key no longer planned
       //    has converged or gone: its failure and backoff no longer apply.
       const released = rt.failures.retain(new Set(actions.map((a) => a.key)));
@@ -297,33 +330,67 @@ export class Controller {
       const now = this.#clock.now();
       const eligible = actions.filter((a) => !rt.failures.blocked(a.key, generation, now));
       if (eligible.length > 0) await this.#applyActions(rt, eligible, ctx, generation);
+      if (eligible.length > 0 && rt.loop.afterActions && !this.#stopped) {
+        try {
+          await rt.loop.afterActions(ctx);
+        } catch (err) {
+          failed = true;
+          this.#passFailed(rt, err, generation);
+        }
+      }
     } finally {
       // 5. Report: loop-level conditions, counters, and status to listeners and dependents.
       const passFailure = rt.passFailures.entries()[0]?.[1] ?? null;
       for (const c of loopConditions(passFailure, rt.failures.entries(), generation)) rt.status.setLoopCondition(c);
       rt.counters.lastPassDurationMs = this.#clock.now() - t0;
-      rt.inPass = false;
+      this.#settle(rt, generation, !failed);
       this.#flushStatus(rt);
     }
   }
 
-  /** Resolves once no loop `rt` depends on has a pass running or pending. */
-  async #dependenciesSettled(rt: Runtime): Promise<void> {
-    for (;;) {
-      const busy = (rt.loop.dependsOn ?? []).flatMap((name) => {
-        const dep = this.#byName.get(name);
-        return dep ? [dep.running, dep.pending?.promise] : [];
-      });
-      const waiting = busy.filter((p) => p != null);
-      if (waiting.length === 0 || this.#stopped) return;
-      await Promise.all(waiting);
+  /** The pass of `rt` has settled: dependents may run on its status from now on. */
+  #settle(rt: Runtime, generation: number, observed: boolean): void {
+    if (rt.settledThisPass) return;
+    rt.settledThisPass = true;
+    rt.settledGeneration = Math.max(rt.settledGeneration, generation);
+    if (observed) rt.observedGeneration = Math.max(rt.observedGeneration, generation);
+    rt.holdStatus = false;
+    this.#flushStatus(rt);
+    signal(rt);
+  }
+
+  #currentGeneration(): number {
+    try {
+      return this.#getSpec().generation;
+    } catch {
+      return -1; // the pass will fail on it too; wait for nothing
     }
+  }
+
+  /**
+   * Resolves once every loop in `deps` has settled a pass that read `generation` or a later
+   * one, or has no pass running or pending. Passes a dependency queues after that one (its
+   * own requeues, every few seconds for a TLS loop waiting on DNS) are not waited for.
+   */
+  async #settledAll(deps: readonly Runtime[], generation: number): Promise<void> {
+    for (;;) {
+      if (this.#stopped) return;
+      const waiting = deps.filter((d) => d.settledGeneration < generation && (d.running !== null || d.pending !== null));
+      if (waiting.length === 0) return;
+      await Promise.race(waiting.map((d) => d.settleSignal.promise));
+    }
+  }
+
+  #dependenciesSettled(rt: Runtime): Promise<void> {
+    const deps = (rt.loop.dependsOn ?? []).flatMap((name) => this.#byName.get(name) ?? []);
+    if (deps.length === 0) return Promise.resolve();
+    return this.#settledAll(deps, this.#currentGeneration());
   }
 
   async #applyActions(rt: Runtime, actions: Action<unknown>[], ctx: LoopContext, generation: number): Promise<void> {
     const { apply, applyBatch } = rt.loop;
     if (applyBatch !== undefined) {
-      const results = await this.#queue.add(async () => {
+      const results = await rt.queue.add(async () => {
         if (this.#stopped) return SKIPPED;
         try {
           return await applyBatch.call(rt.loop, actions, ctx);
@@ -341,7 +408,7 @@ export class Controller {
     if (apply === undefined) return;
     await Promise.all(
       actions.map(async (a) => {
-        const outcome = await this.#queue.add(async (): Promise<BatchOutcome | typeof SKIPPED> => {
+        const outcome = await rt.queue.add(async (): Promise<BatchOutcome | typeof SKIPPED> => {
           if (this.#stopped) return SKIPPED;
           try {
             return await apply.call(rt.loop, a, ctx);
@@ -390,11 +457,11 @@ export class Controller {
 
   #statusChanged(rt: Runtime): void {
     rt.statusDirty = true;
-    if (rt.inPass || rt.flushScheduled) return;
+    if (rt.holdStatus || rt.flushScheduled) return;
     rt.flushScheduled = true;
     queueMicrotask(() => {
       rt.flushScheduled = false;
-      if (!rt.inPass) this.#flushStatus(rt);
+      if (!rt.holdStatus) this.#flushStatus(rt);
     });
   }
 
@@ -409,13 +476,17 @@ export class Controller {
         this.#logger.error({ err, loop: rt.loop.name }, 'status listener threw');
       }
     }
-    for (const dep of rt.dependents) void this.#trigger(dep);
+    for (const other of new Set([...rt.dependents, ...rt.watchers])) void this.#trigger(other);
   }
 
   #runtime(loop: AnyLoop, policy: BackoffPolicy, random: (() => number) | undefined): Runtime {
+    const concurrency = loop.concurrency ?? this.#concurrency;
+    if (!Number.isInteger(concurrency) || concurrency < 1) badOption(`loop ${loop.name}: concurrency must be an integer >= 1`);
     const rt: Runtime = {
       loop,
       dependents: [],
+      watchers: [],
+      queue: new PQueue({ concurrency }),
       status: new StatusStore({
         now: () => this.#clock.now(),
         generation: () => rt.generation,
@@ -429,7 +500,12 @@ export class Controller {
       running: null,
       pending: null,
       started: 0,
-      inPass: false,
+      holdStatus: false,
+      settledThisPass: false,
+      // -1: no pass settled yet (the first generation of a new gateway is 0).
+      settledGeneration: -1,
+      observedGeneration: -1,
+      settleSignal: deferred(),
       statusDirty: false,
       flushScheduled: false,
       generation: 0,
@@ -446,6 +522,12 @@ export class Controller {
       logger: this.#logger.child({ loop: rt.loop.name }),
     };
   }
+}
+
+function signal(rt: Runtime): void {
+  const s = rt.settleSignal;
+  rt.settleSignal = deferred();
+  s.resolve();
 }
 
 function deferred(): Deferred {

@@ -6,7 +6,7 @@ import type { Action, AnyLoop } from './types.js';
 
 /**
  * Throws DP_ERR_BAD_OPTION on duplicate names, a loop with neither apply nor applyBatch, an
- * unknown dependency or a dependency cycle. Returns the loops in dependency order.
+ * unknown dependency or watched loop, or a dependency cycle. Returns the loops in dependency order.
  */
 export function orderLoops(loops: readonly AnyLoop[]): AnyLoop[] {
   const byName = new Map<string, AnyLoop>();
@@ -31,6 +31,10 @@ export function orderLoops(loops: readonly AnyLoop[]): AnyLoop[] {
     out.push(loop);
   };
   for (const loop of loops) visit(loop, []);
+  // Watching needs no order (nothing waits on it), so it may point back at a dependent.
+  for (const loop of loops) {
+    for (const name of loop.watches ?? []) if (!byName.has(name)) badOption(`loop ${loop.name} watches unknown loop ${name}`);
+  }
   return out;
 }
 

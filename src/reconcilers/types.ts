@@ -53,9 +53,29 @@ export interface Loop<D, O, A> {
   name: string;
   /**
    * Loops whose status this loop reads in `desired`; their status changes trigger this loop,
-   * and its actions wait until none of them has a pass running or pending.
+   * and a pass of this loop starts only once each of them has settled a pass that read the
+   * generation current when this pass was asked for (or has nothing to do). It never waits
+   * for their later passes: a dependency that requeues all the time does not starve it.
    */
   dependsOn?: readonly string[];
+  /**
+   * Loops whose status this loop reads but never waits for: their status changes trigger this
+   * loop (the SSH loop closes a removed service's socket once Nginx no longer routes to it).
+   * May point back at a loop that depends on this one.
+   */
+  watches?: readonly string[];
+  /**
+   * When a pass of this loop has settled, so that dependents may run on its status:
+   * `'actions'` (default) once its actions are applied (Nginx needs the balancer sockets to
+   * exist); `'plan'` once it has observed and planned (the TLS loop: what a dependent reads is
+   * what exists; certificates it obtains later arrive as status changes that trigger the
+   * dependents again, so a slow DNS check or certbot run never holds them back).
+   */
+  settlesAfter?: 'actions' | 'plan';
+  /** Actions of this loop applied at once; default the controller's concurrency. */
+  concurrency?: number;
+  /** Called once after the actions of every pass that planned some (batched writes). */
+  afterActions?(ctx: LoopContext): Promise<void>;
   /** Pure. */
   desired(spec: ProxyState, statuses: StatusSnapshot): D;
   observe(ctx: LoopContext): Promise<O>;
@@ -100,6 +120,12 @@ export interface LoopStatus {
 export interface StatusSnapshot {
   /** The generation of the spec as the controller last read it. */
   generation: number;
+  /**
+   * The newest generation every loop has observed (settled a pass for); 0 before the first
+   * pass. Equal to `generation` once the whole document is acted on. Always set by the
+   * controller.
+   */
+  observedGeneration?: number;
   loops: Record<string, LoopStatus>;
 }
 

@@ -24,6 +24,7 @@ function setup(loops: FakeLoop[], spec: { current: Spec }, opts: Partial<Control
   return { c, clock };
 }
 
+const c2passes = (c: Controller, loop: string) => c.counters()[loop]?.passes ?? 0;
 const cond = (s: LoopStatus | undefined, type: string) => (s ? findCondition(s.conditions, type) : undefined);
 
 describe('Controller', () => {
@@ -228,6 +229,145 @@ describe('Controller', () => {
     expect(socketThere).toEqual([true, true]);
     // The pass that waited read everything afterwards: no second pass for the same news.
     expect(c.counters().sites?.passes).toBe(passes + 1);
+  });
+
+  it('a dependency that always has another pass queued does not starve its dependent', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    let spinning = true;
+    let ticks = 0;
+    let clock: { advance(ms: number): void } | undefined;
+    // Every pass of `busy` plans an action that requeues at once; the requeue fires while the
+    // next pass is in flight, so `busy` always has a pass running or pending (as a TLS loop
+    // does with hundreds of domains whose DNS is not there yet).
+    const busy = fakeLoop({
+      name: 'busy',
+      want: () => new Map([['tick', String(++ticks)]]),
+      requeue: () => (spinning ? 0 : undefined),
+      gate: () => (spinning ? new Promise<void>((r) => setImmediate(() => (clock?.advance(0), r()))) : undefined),
+    });
+    const sites = fakeLoop({ name: 'sites', dependsOn: ['busy'] });
+    const s = setup([sites, busy], spec);
+    clock = s.clock;
+    void s.c.runOnce();
+    try {
+      await until(() => sites.world.get('a') === '1');
+      spec.current = specWith(2, { a: 1, b: 2 });
+      s.c.notify();
+      await until(() => sites.world.get('b') === '2');
+      expect(c2passes(s.c, 'busy')).toBeGreaterThan(2);
+    } finally {
+      spinning = false;
+    }
+    await s.c.whenIdle();
+  });
+
+  it('a dependency that settles after planning lets its dependent run while its actions are in flight', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    const gate = deferred();
+    const certs = fakeLoop({ name: 'certs', settlesAfter: 'plan', gate: () => gate.promise });
+    const sites = fakeLoop({
+      name: 'sites',
+      dependsOn: ['certs'],
+      want: (st, statuses) => {
+        const ready = Object.keys(statuses.loops.certs?.objects ?? {});
+        return new Map(st.spec.services.map((x) => [x.run, ready.includes(x.run) ? 'tls' : 'plain']));
+      },
+    });
+    const { c } = setup([sites, certs], spec);
+    const first = c.runOnce();
+    try {
+      await until(() => sites.world.get('a') === 'plain'); // certs' action is still held
+      expect(certs.world.has('a')).toBe(false);
+      await c.whenSettled();
+    } finally {
+      gate.resolve();
+    }
+    await first;
+    await c.whenIdle();
+    // The certificate's status change reached the dependent on its own.
+    expect(sites.world.get('a')).toBe('tls');
+  });
+
+  it('each loop applies on its own queue: a slow action of one loop does not hold up another loop', async () => {
+    const spec = { current: specWith(1, { a: 1, b: 1 }) };
+    const gate = deferred();
+    const slow = fakeLoop({ name: 'slow', gate: () => gate.promise });
+    const fast = fakeLoop({ name: 'fast' });
+    const { c } = setup([slow, fast], spec, { concurrency: 1 });
+    const first = c.runOnce();
+    try {
+      await until(() => fast.world.size === 2);
+      expect(slow.world.size).toBe(0);
+    } finally {
+      gate.resolve();
+    }
+    await first;
+    expect(slow.world.size).toBe(2);
+  });
+
+  it('the top-level observedGeneration moves only once every loop observed the generation', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    let gate: ReturnType<typeof deferred> | undefined;
+    const a = fakeLoop({ name: 'a' });
+    const b = fakeLoop({ name: 'b', observeGate: () => gate?.promise });
+    const { c } = setup([a, b], spec);
+    expect(c.statuses().observedGeneration).toBe(0);
+    await c.runOnce();
+    expect(c.statuses()).toMatchObject({ generation: 1, observedGeneration: 1 });
+    gate = deferred();
+    spec.current = specWith(2, { a: 2 });
+    c.notify();
+    try {
+      await until(() => a.world.get('a') === '2');
+      expect(cond(c.statuses().loops.a, 'Ready')?.observedGeneration).toBe(2);
+      expect(c.statuses()).toMatchObject({ generation: 2, observedGeneration: 1 });
+    } finally {
+      gate.resolve();
+    }
+    await c.whenIdle();
+    expect(c.statuses()).toMatchObject({ generation: 2, observedGeneration: 2 });
+  });
+
+  it('whenSettled waits for the first pass also at generation 0', async () => {
+    const spec = { current: specWith(0, { a: 1 }) };
+    const gate = deferred();
+    const f = fakeLoop({ name: 'files', observeGate: () => gate.promise });
+    const { c } = setup([f], spec);
+    void c.start();
+    let settled = false;
+    const w = c.whenSettled().then(() => (settled = true));
+    for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
+    expect(settled).toBe(false);
+    gate.resolve();
+    await w;
+    expect(f.world.get('a')).toBe('1');
+  });
+
+  it('a watcher is triggered by the watched loop\'s status changes and never waits for it', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    let gate: ReturnType<typeof deferred> | undefined;
+    // sockets keeps a key while sites still has it (the order of a removal), and watches sites.
+    const sockets = fakeLoop({
+      name: 'sockets',
+      watches: ['sites'],
+      want: (st, statuses) => new Map([...st.spec.services.map((x) => x.run), ...Object.keys(statuses.loops.sites?.objects ?? {})].map((k) => [k, 'on'])),
+    });
+    const sites = fakeLoop({ name: 'sites', dependsOn: ['sockets'], gate: () => gate?.promise });
+    const { c } = setup([sites, sockets], spec);
+    await c.runOnce();
+    expect([...sockets.world.keys()]).toEqual(['a']);
+    gate = deferred();
+    spec.current = specWith(2, { b: 1 });
+    c.notify();
+    try {
+      await until(() => sockets.world.has('b') && sites.applied.includes('a'));
+      expect(sockets.world.has('a')).toBe(true); // sites has not removed `a` yet
+    } finally {
+      gate.resolve();
+    }
+    await c.whenIdle();
+    expect([...sites.world.keys()]).toEqual(['b']);
+    expect([...sockets.world.keys()]).toEqual(['b']);
   });
 
   it('the periodic resync repairs drift', async () => {

@@ -31,6 +31,9 @@ export function specWith(generation: number, runs: Record<string, number>): Spec
 export interface FakeLoopOptions {
   name: string;
   dependsOn?: string[];
+  watches?: string[];
+  settlesAfter?: 'actions' | 'plan';
+  concurrency?: number;
   /** Desired world; default: run → String(clientMaxBodySize) for each service. */
   want?: (spec: ProxyState, statuses: StatusSnapshot) => Map<string, string>;
   /** Throw this from apply for `key` on its n-th attempt (1-based), or nothing to succeed. */
@@ -87,6 +90,9 @@ export function fakeLoop(opts: FakeLoopOptions): FakeLoop {
   const loop = {
     name: opts.name,
     dependsOn: opts.dependsOn,
+    ...(opts.watches ? { watches: opts.watches } : {}),
+    ...(opts.settlesAfter ? { settlesAfter: opts.settlesAfter } : {}),
+    ...(opts.concurrency ? { concurrency: opts.concurrency } : {}),
     desired: (spec: ProxyState, statuses: StatusSnapshot) => want(spec, statuses),
     async observe(ctx: LoopContext): Promise<Map<string, string>> {
       f.ctx = ctx;

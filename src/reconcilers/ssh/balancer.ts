@@ -141,14 +141,18 @@ export class Balancer {
     this.#entry(serviceKey).server = server;
   }
 
-  /** Closes and removes the service's socket; open connections keep running. */
+  /**
+   * Stops accepting on the service's socket and removes it; resolves at once. Connections
+   * already accepted (Nginx keeps idle ones pooled) keep running and end with their upstream's
+   * drain(): waiting for them here would hold up whoever removes the service.
+   */
   async unlisten(serviceKey: string): Promise<void> {
     const entry = this.#services.get(serviceKey);
     if (!entry?.server) return;
     const server = entry.server;
     entry.server = null;
     if (entry.replicas.size === 0) this.#services.delete(serviceKey);
-    await new Promise<void>((resolve) => server.close(() => resolve()));
+    server.close(() => undefined);
     await unlink(this.socketPathFor(serviceKey)).catch(() => undefined);
   }
 

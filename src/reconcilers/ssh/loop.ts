@@ -2,6 +2,11 @@
 // observed = what this process holds; plan = create/update/delete per service socket and per
 // replica, by fingerprint, so an unchanged replica is never touched. Tunnels live on their
 // own between passes (reconnect, keepalive, probes) and report `Ready` per replica as they go.
+//
+// A removed service is retired, not closed: its socket and tunnels keep serving until the loop
+// that routes to them (Nginx, `routedBy`) has finished a Ready pass without it, so no request
+// ever reaches a closed socket; then they close, and open connections drain in the background
+// for at most `drainMs`. No pass ever waits for a drain, so a removal never delays the next change.
 
 import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
@@ -10,7 +15,7 @@ import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../clock.js';
-import type { Action, BatchOutcome, Loop, LoopContext, StatusWriter } from '../types.js';
+import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot, StatusWriter } from '../types.js';
 import { Balancer, type Upstream } from './balancer.js';
 import { HostKeyBook } from './host-keys.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica, type DesiredSsh } from './targets.js';
@@ -39,6 +44,14 @@ export interface SshLoopOptions {
   channelOpenTimeoutMs?: number;
   /** A removed replica's open connections are closed after this. Default 30_000 (30 s). */
   drainMs?: number;
+  /**
+   * The loop that routes requests to the sockets (Nginx). A removed service's socket and
+   * tunnels stay up until that loop has finished a Ready pass of a generation without the
+   * service, plus retireGraceMs; at most drainMs in all. Without it they close at once.
+   */
+  routedBy?: string;
+  /** After the router caught up, the socket stays this long (old workers finishing). Default 1_000. */
+  retireGraceMs?: number;
   /** Where the app listens, as seen from the replica. Default 'localhost'. */
   appHost?: string;
   /** ssh2 algorithm preferences (cipher order etc.). Default: ssh2's. */
@@ -62,15 +75,38 @@ interface Held {
 }
 
 export interface ObservedSsh {
+  /** Listening sockets, retiring ones included. */
   services: Set<string>;
+  /** Held replicas, except those of retiring services (they close with their service). */
   replicas: Map<string, { serviceKey: string; fingerprint: string }>;
+  /** Services removed from the spec whose socket still serves until nothing routes to it. */
+  retiring?: ReadonlyMap<string, Retiring>;
+  now?: number;
+}
+
+export interface Retiring {
+  /** The generation the service was first missing from. */
+  since: number;
+  /** When it was retired (epoch ms). */
+  at: number;
+  /** When the router was first seen past `since`. */
+  caughtUpAt: number | null;
+  /** Its replicas, kept in rotation until the socket closes. */
+  replicas: Set<string>;
+}
+
+export interface SshDesired extends DesiredSsh {
+  generation: number;
+  /** The newest generation the router has served in full (Ready); Infinity without a router. */
+  routedUpTo: number;
 }
 
 export type SshPayload =
   | { what: 'service'; serviceKey: string }
+  | { what: 'close' | 'restore'; serviceKey: string }
   | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null };
 
-export type SshLoop = Loop<DesiredSsh, ObservedSsh, SshPayload> & {
+export type SshLoop = Loop<SshDesired, ObservedSsh, SshPayload> & {
   balancer: Balancer;
   stats: SshLoopStats;
   /** Open connections through a replica in rotation (0 when unknown). */
@@ -99,6 +135,9 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   });
   const hostKeys = new HostKeyBook();
   const held = new Map<string, Held>();
+  const retiring = new Map<string, Retiring>();
+  const drainMs = o.drainMs ?? 30_000;
+  const graceMs = o.retireGraceMs ?? 1_000;
   const draining = new Set<Promise<void>>();
   const stats: SshLoopStats = { sshConnects: 0, tunnels: 0, draining: 0 };
   /** Successful SSH logins per replica id, for the reconnect metric. */
@@ -156,7 +195,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     if (!h) return;
     held.delete(id);
     stats.tunnels = held.size;
-    const p = balancer.drain(h.upstream, o.drainMs ?? 30_000).then(() => h.tunnel?.close());
+    const p = balancer.drain(h.upstream, drainMs).then(() => h.tunnel?.close());
     draining.add(p);
     stats.draining = draining.size;
     void p.finally(() => {
@@ -165,37 +204,62 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     });
   };
 
+  /** Nothing routes to a retired service any more: its replicas leave, its socket closes. */
+  const closeService = async (sk: string, ctx: LoopContext): Promise<void> => {
+    const r = retiring.get(sk);
+    retiring.delete(sk);
+    for (const id of r?.replicas ?? []) {
+      if (held.get(id)?.desired.serviceKey !== sk) continue; // reused by another service meanwhile
+      stop(id, sk);
+      ctx.status.delete(replicaObjectKey(sk, id));
+    }
+    await balancer.unlisten(sk);
+  };
+
   return {
     name: SSH_LOOP,
+    ...(o.routedBy ? { watches: [o.routedBy] } : {}),
     balancer,
     stats,
     connects: (replicaId) => connects.get(replicaId) ?? 0,
 
-    desired(spec: ProxyState): DesiredSsh {
-      return desiredFromSpec(spec, o.appHost);
+    desired(spec: ProxyState, statuses: StatusSnapshot): SshDesired {
+      let routedUpTo = Infinity;
+      if (o.routedBy) {
+        const ready = statuses.loops[o.routedBy]?.conditions.find((c) => c.type === 'Ready');
+        routedUpTo = ready?.status === 'True' ? (ready.observedGeneration ?? -1) : -1;
+      }
+      return { ...desiredFromSpec(spec, o.appHost), generation: statuses.generation, routedUpTo };
     },
 
     async observe(ctx: LoopContext): Promise<ObservedSsh> {
       const replicas = new Map<string, { serviceKey: string; fingerprint: string }>();
       const keep: string[] = [];
       for (const [id, h] of held) {
-        replicas.set(id, { serviceKey: h.desired.serviceKey, fingerprint: h.desired.fingerprint });
+        if (!retiring.get(h.desired.serviceKey)?.replicas.has(id)) replicas.set(id, { serviceKey: h.desired.serviceKey, fingerprint: h.desired.fingerprint });
         const key = replicaObjectKey(h.desired.serviceKey, id);
         keep.push(key);
         const st = h.state();
         ctx.status.set(key, { type: 'Ready', status: st.ready ? 'True' : 'False', reason: st.reason, message: st.message });
       }
       ctx.status.prune(keep);
-      return { services: new Set(balancer.listening()), replicas };
+      return { services: new Set(balancer.listening()), replicas, retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])), now: ctx.clock.now() };
     },
 
-    plan(desired: DesiredSsh, observed: ObservedSsh): Action<SshPayload>[] {
+    plan(desired: SshDesired, observed: ObservedSsh): Action<SshPayload>[] {
       const actions: Action<SshPayload>[] = [];
+      const gone = observed.retiring ?? new Map<string, Retiring>();
       for (const sk of desired.services) {
-        if (!observed.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'create', summary: `listen on the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
+        if (gone.has(sk)) actions.push({ key: `service:${sk}`, kind: 'restore', summary: `keep the socket of ${sk} (back in the document)`, payload: { what: 'restore', serviceKey: sk } });
+        else if (!observed.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'create', summary: `listen on the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
       }
       for (const sk of observed.services) {
-        if (!desired.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'delete', summary: `close the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
+        if (desired.services.has(sk)) continue;
+        const r = gone.get(sk);
+        if (!r) actions.push({ key: `service:${sk}`, kind: 'delete', summary: `close the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
+        else if (desired.routedUpTo >= r.since || (observed.now ?? 0) - r.at >= drainMs) {
+          actions.push({ key: `service:${sk}`, kind: 'close', summary: `close the socket of ${sk}: nothing routes to it any more`, payload: { what: 'close', serviceKey: sk } });
+        }
       }
       for (const [id, d] of desired.replicas) {
         const cur = observed.replicas.get(id);
@@ -220,19 +284,49 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       const outcomes = new Map<string, BatchOutcome>();
       const listen: string[] = [];
       const unlisten: string[] = [];
-      // 1. Replicas first (in memory, at once): a socket that starts listening below already
-      //    has its replicas in rotation.
+      const now = ctx.clock.now();
+      // 0. Removed services retire: socket and replicas keep serving while the router may
+      //    still send them requests (it is told in the same round, after this pass).
+      for (const action of actions) {
+        const p = action.payload;
+        if (p.what === 'restore') {
+          retiring.delete(p.serviceKey);
+          outcomes.set(action.key, 'done');
+        } else if (p.what === 'service' && action.kind === 'delete' && o.routedBy) {
+          const replicas = new Set([...held].filter(([, h]) => h.desired.serviceKey === p.serviceKey).map(([id]) => id));
+          retiring.set(p.serviceKey, { since: ctx.generation, at: now, caughtUpAt: null, replicas });
+          // Come back when the drain period is over even if the router never catches up.
+          outcomes.set(action.key, { requeueAfterMs: drainMs });
+        } else if (p.what === 'close') {
+          const r = retiring.get(p.serviceKey);
+          if (r && r.caughtUpAt === null) r.caughtUpAt = now;
+          const wait = r && now - r.at < drainMs ? r.caughtUpAt! + graceMs - now : 0;
+          if (wait > 0) outcomes.set(action.key, { requeueAfterMs: wait });
+          else unlisten.push(p.serviceKey);
+        }
+      }
+      // 1. Replicas (in memory, at once): a socket that starts listening below already has its
+      //    replicas in rotation; those of a retiring service stay until it closes.
       for (const action of actions) {
         const p = action.payload;
         if (p.what === 'service') {
-          (action.kind === 'delete' ? unlisten : listen).push(p.serviceKey);
+          if (action.kind !== 'delete') listen.push(p.serviceKey);
+          else if (!o.routedBy) unlisten.push(p.serviceKey);
           continue;
         }
+        if (p.what !== 'replica') continue;
         try {
           const id = action.key.slice('replica:'.length);
-          if (p.previous) {
-            stop(id, p.previous.serviceKey);
-            ctx.status.delete(replicaObjectKey(p.previous.serviceKey, id));
+          const r = p.previous ? retiring.get(p.previous.serviceKey) : undefined;
+          if (p.replica === null && r?.replicas.has(id)) {
+            outcomes.set(action.key, 'done'); // closes with its service
+            continue;
+          }
+          const prev = p.previous ?? (held.has(id) ? { serviceKey: held.get(id)!.desired.serviceKey } : null);
+          if (prev) {
+            retiring.get(prev.serviceKey)?.replicas.delete(id);
+            stop(id, prev.serviceKey);
+            ctx.status.delete(replicaObjectKey(prev.serviceKey, id));
           }
           if (p.replica) start(p.replica, ctx);
           outcomes.set(action.key, 'done');
@@ -240,10 +334,11 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
           outcomes.set(action.key, { error });
         }
       }
-      // 2. Sockets: closed ones, then new ones bound several at a time (1,000s on a cold start).
+      // 2. Sockets: closed ones (at once; their open connections drain in the background),
+      //    then new ones bound several at a time (1,000s on a cold start).
       await Promise.all(
         unlisten.map((sk) =>
-          balancer.unlisten(sk).then(
+          closeService(sk, ctx).then(
             () => outcomes.set(`service:${sk}`, 'done'),
             (error: unknown) => outcomes.set(`service:${sk}`, { error }),
           ),
@@ -262,6 +357,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     async close(): Promise<void> {
       for (const h of held.values()) h.tunnel?.close();
       held.clear();
+      retiring.clear();
       await balancer.close(); // destroys open connections: drains end at once
       await Promise.all(draining);
     },

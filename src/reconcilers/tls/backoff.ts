@@ -134,11 +134,21 @@ export function recordDnsNotReady(entry: DomainBackoff | undefined, f: { at: num
   };
 }
 
-/** The backoff file: loaded once, changed in memory, written atomically on every change. */
+/**
+ * The backoff file: loaded once, changed in memory. update() writes it at once (an ACME
+ * attempt must be on disk before certbot spends it, and a failure's schedule must survive a
+ * restart); change() only marks it dirty, and flush() writes every such change in one go: a
+ * pass over hundreds of domains whose DNS is not there yet writes the file once, not once
+ * per domain. Losing an unflushed change to a crash costs nothing but a DNS check.
+ */
 export class BackoffStore {
   readonly #path: string;
   #data: BackoffFile | null = null;
   #writing: Promise<void> = Promise.resolve();
+  #dirty = false;
+  #now = 0;
+  /** Writes of the file so far (for tests and metrics). */
+  writes = 0;
 
   constructor(path: string) {
     this.#path = path;
@@ -162,15 +172,40 @@ export class BackoffStore {
     return (await this.load()).domains[domain];
   }
 
+  /** Changes the data and writes the file before resolving. */
   async update(mutate: (data: BackoffFile) => void, now: number): Promise<void> {
+    await this.change(mutate, now);
+    await this.flush();
+  }
+
+  /** Changes the data in memory; the next flush() (or update()) writes it. */
+  async change(mutate: (data: BackoffFile) => void, now: number): Promise<void> {
     const data = await this.load();
     mutate(data);
-    data.orders = data.orders.filter((t) => t > now - ORDER_WINDOW_MS);
-    for (const [d, e] of Object.entries(data.domains)) {
-      if (e.removed && !e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) delete data.domains[d];
-    }
-    const text = `${JSON.stringify(data, null, 2)}\n`;
-    const run = this.#writing.then(() => writeAtomic(this.#path, text));
+    this.#dirty = true;
+    this.#now = Math.max(this.#now, now);
+  }
+
+  /** Writes the file if anything changed since the last write. */
+  async flush(): Promise<void> {
+    const run = this.#writing.then(async () => {
+      if (!this.#dirty || this.#data === null) return;
+      const data = this.#data;
+      const now = this.#now;
+      data.orders = data.orders.filter((t) => t > now - ORDER_WINDOW_MS);
+      for (const [d, e] of Object.entries(data.domains)) {
+        if (e.removed && !e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) delete data.domains[d];
+      }
+      const text = `${JSON.stringify(data, null, 2)}\n`;
+      this.#dirty = false;
+      try {
+        await writeAtomic(this.#path, text);
+        this.writes++;
+      } catch (err) {
+        this.#dirty = true; // written by the next flush
+        throw err;
+      }
+    });
     this.#writing = run.catch(() => undefined);
     await run;
   }

@@ -82,6 +82,8 @@ export type TlsLoop = Loop<TlsDesired, TlsObserved, TlsPayload> & {
   readonly certsDir: string;
   /** certbot runs so far. */
   certbotRuns(): number;
+  /** Writes of tls-backoff.json so far. */
+  backoffWrites(): number;
 };
 
 const MAX_REQUEUE_MS = 24 * 60 * 60_000; // 24 h: the resync covers anything later
@@ -158,6 +160,13 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     name: TLS_LOOP,
     certsDir,
     certbotRuns: () => certbot.runs,
+    backoffWrites: () => backoff.writes,
+    // Nginx reads only what this loop has observed (the certificates on disk): it never waits
+    // for a DNS check or a certbot run, and each certificate obtained later triggers it anew.
+    settlesAfter: 'plan',
+    // DNS checks use getaddrinfo on libuv's small thread pool, which file I/O shares: two at
+    // a time leave room for the other loops when the resolver is slow.
+    concurrency: 2,
     domainInfo: (domain) => {
       const i = infos.get(domain);
       return i ? structuredClone(i) : undefined;
@@ -226,12 +235,16 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
       return actions;
     },
 
+    async afterActions(): Promise<void> {
+      await backoff.flush();
+    },
+
     async apply(action: Action<TlsPayload>, ctx: LoopContext): Promise<ApplyResult> {
       const { domain } = action.payload;
       if (action.kind === 'delete') {
         await rm(join(certsDir, domain), { recursive: true, force: true });
         const now = ctx.clock.now();
-        await backoff.update((d) => {
+        await backoff.change((d) => {
           const e = d.domains[domain];
           if (!e) return;
           if (e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) e.removed = true; // its attempts still count
@@ -274,7 +287,8 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
       } catch (err) {
         const code = (err as NodeJS.ErrnoException).code;
         const error = `${domain} does not resolve${code ? ` (${code})` : ''}; point its DNS at the gateway`;
-        await backoff.update((d) => {
+        // Written once at the end of the pass (afterActions), with every other domain's.
+        await backoff.change((d) => {
           d.domains[domain] = recordDnsNotReady(d.domains[domain], { at: now, error, acmeKey });
         }, now);
         report(ctx, domainInfo(domain, await current(), await backoff.get(domain), false));

@@ -68,6 +68,34 @@ describe('plan', () => {
   });
 });
 
+describe('plan with a router (the gateway: Nginx routes to the sockets)', () => {
+  const loop = createSshLoop({ stateDir: '/nonexistent', routedBy: 'nginx', drainMs: 30_000 });
+  const routed = (gen: number): StatusSnapshot => ({
+    generation: 3,
+    loops: { nginx: { conditions: [{ type: 'Ready', status: 'True', reason: 'Converged', message: '', lastTransitionTime: new Date(0), observedGeneration: gen }], objects: {}, failures: {} } },
+  });
+  const desired = (gen: number) => loop.desired(specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] }), routed(gen));
+  const held = { serviceKey: 'main/app', fingerprint: desired(0).replicas.get('r1')!.fingerprint };
+  const retiring = (at: number) => new Map([['main/gone', { since: 3, at, caughtUpAt: null, replicas: new Set(['r9']) }]]);
+
+  it('watches the router and keeps a retiring socket until the router has served a generation without it', () => {
+    expect(loop.watches).toEqual(['nginx']);
+    const observed = { services: new Set(['main/app', 'main/gone']), replicas: new Map([['r1', held]]), retiring: retiring(1_000), now: 2_000 };
+    expect(loop.plan(desired(2), observed)).toEqual([]);
+    expect(loop.plan(desired(3), observed).map((a) => `${a.kind} ${a.key}`)).toEqual(['close service:main/gone']);
+  });
+
+  it('closes it after the drain period even if the router never catches up', () => {
+    const observed = { services: new Set(['main/app', 'main/gone']), replicas: new Map([['r1', held]]), retiring: retiring(1_000), now: 31_000 };
+    expect(loop.plan(desired(2), observed).map((a) => `${a.kind} ${a.key}`)).toEqual(['close service:main/gone']);
+  });
+
+  it('keeps the socket and its replicas when the service comes back while retiring', () => {
+    const observed = { services: new Set(['main/app']), replicas: new Map([['r1', held]]), retiring: new Map([['main/app', { since: 3, at: 0, caughtUpAt: null, replicas: new Set(['r1']) }]]), now: 1 };
+    expect(loop.plan(desired(2), observed).map((a) => `${a.kind} ${a.key}`)).toEqual(['restore service:main/app']);
+  });
+});
+
 describe('host keys', () => {
   const k1 = Buffer.from('key-one');
   const k2 = Buffer.from('key-two');

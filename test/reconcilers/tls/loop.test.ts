@@ -226,6 +226,38 @@ describe('TLS loop when the ACME server is down', () => {
   });
 });
 
+describe('TLS loop with many domains whose DNS is not there yet', () => {
+  it('a pass writes tls-backoff.json once, not once per domain, and the next process reads it back', async () => {
+    const stateDir = join(scratch, 'dns-many');
+    const domains = Array.from({ length: 60 }, (_, i) => `s${i}.bulk.test`);
+    const nx = async () => Promise.reject(Object.assign(new Error('nx'), { code: 'ENOTFOUND' }));
+    // Nothing listens on the ACME address: no request may leave (none is made: DNS fails first).
+    const state = docFor(domains, { server: 'https://127.0.0.1:9/dir' });
+    const clock = new FakeClock(Date.now());
+    const loop = createTlsLoop({ stateDir, acmeWebroot: join(stateDir, 'acme'), resolve: nx });
+    const controller = new Controller({ loops: [loop as unknown as AnyLoop], getSpec: () => ({ state, generation: 1 }), clock });
+    await controller.start();
+    expect(loop.backoffWrites()).toBe(1);
+    expect(loop.certbotRuns()).toBe(0);
+    // The DNS re-checks 30 s later are one more pass: one more write.
+    clock.advance(30_000);
+    await controller.whenIdle();
+    expect(loop.backoffWrites()).toBe(2);
+    await controller.stop();
+    const onDisk = JSON.parse(readFileSync(join(stateDir, 'tls-backoff.json'), 'utf8')) as { domains: Record<string, { lastReason?: string }> };
+    expect(Object.keys(onDisk.domains).sort()).toEqual([...domains].sort());
+    expect(Object.values(onDisk.domains).every((e) => e.lastReason === 'DNSNotReady')).toBe(true);
+
+    const again = createTlsLoop({ stateDir, acmeWebroot: join(stateDir, 'acme'), resolve: nx });
+    const c2 = new Controller({ loops: [again as unknown as AnyLoop], getSpec: () => ({ state, generation: 1 }), clock });
+    await c2.start();
+    // Still within the 30 s of the last check: nothing to write, every domain reported.
+    expect(again.backoffWrites()).toBe(0);
+    expect(Object.keys(c2.statuses().loops.tls?.objects ?? {}).length).toBe(domains.length);
+    await c2.stop();
+  });
+});
+
 describe('TLS loop with EAB', () => {
   const kid = 'kid-1';
   const hmac = 'zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W';

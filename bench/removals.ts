@@ -1,0 +1,118 @@
+// Removal rows on a real private Nginx (127.0.0.1, free ports, the default 30 s drain period):
+// services that have had keep-alive traffic (Nginx pools upstream connections to their balancer
+// sockets) are removed one PUT at a time. Measured: PUT → the removed host answers 404, a
+// service added in the PUT right after a removal answering, and 100 removals in a row; plus
+// the `connect() … failed` lines Nginx logged meanwhile (a request routed to a closed socket).
+
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import type net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { pino } from 'pino';
+import { startGateway } from '../src/gateway/gateway.js';
+import { resolveOptions } from '../src/gateway/options.js';
+import { API_VERSION, KIND } from '../src/spec/index.js';
+import { freePort } from './gateway.js';
+import type { Row } from './table.js';
+
+const REMOVALS = 100;
+/** dstack's gateway on the same machine, side by side: 0.017 s per removal. */
+const PEER_REMOVAL_S = 0.017;
+
+function get(port: number, host: string): Promise<number> {
+  return new Promise((resolve) => {
+    const req = http.get({ host: '127.0.0.1', port, path: '/', headers: { host }, agent: false }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode ?? 0));
+    });
+    req.on('error', () => resolve(0));
+  });
+}
+
+async function until(port: number, host: string, status: number, limitMs: number): Promise<void> {
+  const end = performance.now() + limitMs;
+  while ((await get(port, host)) !== status) {
+    if (performance.now() > end) throw new Error(`${host} did not answer ${status} within ${limitMs} ms`);
+    await new Promise((r) => setTimeout(r, 2));
+  }
+}
+
+export async function removalRows(): Promise<Row[]> {
+  const stateDir = mkdtempSync(path.join(os.tmpdir(), 'dp-bench-rm-'));
+  const backend = http.createServer((_req, res) => res.end('ok'));
+  backend.keepAliveTimeout = 120_000;
+  await new Promise<void>((r) => backend.listen(0, '127.0.0.1', r));
+  const backendPort = (backend.address() as net.AddressInfo).port;
+  const [httpPort, httpsPort] = [await freePort(), await freePort()];
+  const gw = await startGateway(
+    resolveOptions({
+      flags: { stateDir, apiPort: '0', httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', resyncInterval: '3600' },
+    }),
+    { logger: pino({ level: 'silent' }) },
+  );
+  const svc = (run: string) => ({
+    project: 'main',
+    run,
+    domain: `${run}.rm.test`,
+    https: false,
+    auth: false,
+    replicas: [{ id: `${run}-r0`, appPort: backendPort, direct: { host: '127.0.0.1', port: backendPort } }],
+  });
+  const doc = (runs: string[]) => ({ apiVersion: API_VERSION, kind: KIND, spec: { projects: [{ name: 'main' }], services: runs.map(svc) } });
+  const put = async (runs: string[]) => {
+    const r = await fetch(`${gw.apiUrl}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc(runs)) });
+    if (!r.ok) throw new Error(`PUT failed: ${(await r.text()).slice(0, 300)}`);
+  };
+  const errorLog = path.join(stateDir, 'nginx', 'logs', 'error.log');
+  const connectFailures = (): number => {
+    try {
+      return readFileSync(errorLog, 'utf8').split('\n').filter((l) => /connect\(\) to unix:.* failed/.test(l)).length;
+    } catch {
+      return 0;
+    }
+  };
+  try {
+    let runs = ['keep', ...Array.from({ length: REMOVALS + 1 }, (_, i) => `s${i}`)];
+    await put(runs);
+    // Traffic through every service, so Nginx holds pooled connections to every socket.
+    for (const run of runs) {
+      await until(httpPort, `${run}.rm.test`, 200, 30_000);
+      for (let i = 0; i < 5; i++) await get(httpPort, `${run}.rm.test`);
+    }
+    const failures0 = connectFailures();
+
+    // One removal, and a service added in the PUT right after it.
+    const t0 = performance.now();
+    runs = runs.filter((r) => r !== `s${REMOVALS}`);
+    await put(runs);
+    await until(httpPort, `s${REMOVALS}.rm.test`, 404, 120_000);
+    const oneMs = performance.now() - t0;
+    await put([...runs, 'added']);
+    await until(httpPort, 'added.rm.test', 200, 120_000);
+    const addedMs = performance.now() - t0;
+    runs = [...runs, 'added'];
+
+    // 100 removals, one PUT each, each waited for.
+    const t1 = performance.now();
+    for (let i = 0; i < REMOVALS; i++) {
+      runs = runs.filter((r) => r !== `s${i}`);
+      await put(runs);
+      await until(httpPort, `s${i}.rm.test`, 404, 120_000);
+    }
+    const hundredS = (performance.now() - t1) / 1000;
+    const failures = connectFailures() - failures0;
+    return [
+      { id: 'R1', name: 'one removal of a service with pooled connections: PUT → its host answers 404', value: oneMs / 1000, unit: 's', target: '≤ 1 s', ok: oneMs <= 1000, baseline: { name: 'dstack', value: PEER_REMOVAL_S, measured: 'published' } },
+      { id: 'R1a', name: 'a service added in the PUT after that removal: removal PUT → it answers', value: addedMs / 1000, unit: 's', target: '≤ 1 s', ok: addedMs <= 1000 },
+      { id: 'R100', name: `${REMOVALS} removals one PUT at a time, each waited for`, value: hundredS, unit: 's', baseline: { name: 'dstack', value: PEER_REMOVAL_S * REMOVALS, measured: 'published' } },
+      { id: 'R502', name: 'Nginx `connect() to unix:… failed` lines during those removals', value: failures, unit: 'lines', target: '0', ok: failures === 0 },
+    ];
+  } finally {
+    await gw.close();
+    backend.closeAllConnections();
+    await new Promise((r) => backend.close(r));
+    rmSync(stateDir, { recursive: true, force: true });
+  }
+}
