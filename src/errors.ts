@@ -46,7 +46,7 @@ export class ProxyError extends Error {
   }
 }
 
-/** A reconcile error that retrying will not fix (STYLE.md: "a TerminalError means don't"). */
+/** A reconcile error that retrying will not fix (a TerminalError means "don't retry"). */
 export class TerminalError extends Error {
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);

@@ -1,4 +1,4 @@
-// PUT/GET /api/v1/state — shared by the gateway and the in-server proxy (DESIGN.md §4).
+// PUT/GET /api/v1/state — shared by the gateway and the in-server proxy.
 
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { stringify } from 'yaml';

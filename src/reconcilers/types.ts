@@ -1,4 +1,4 @@
-// The contract between the shared controller and each reconcile loop (DESIGN.md §3).
+// The contract between the shared controller and each reconcile loop.
 
 import type { Logger } from 'pino';
 import type { ProxyState } from '../spec/types.js';

@@ -4,7 +4,7 @@
 // written to the ServerResponse as they arrive and the replica's socket is paused until it
 // drains; the request stream is read only as fast as the replica takes it.
 //
-// This is the hot path (issue 8, P6): one handler object per request on the HTTP/1.1 pool's
+// This is the hot path: one handler object per request on the HTTP/1.1 pool's
 // dispatch() (no promise, no AbortController, no parsed header object), admission synchronous
 // unless the service uses proxy auth, the stats count taken when the response closes.
 //

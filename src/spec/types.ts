@@ -1,4 +1,4 @@
-// The desired-state document (DESIGN.md §2). These types mirror src/spec/schema.ts;
+// The desired-state document. These types mirror src/spec/schema.ts;
 // test/spec/types.test.ts checks that the two agree field for field.
 
 export const API_VERSION = 'proxy.dstack.ai/v1alpha1';

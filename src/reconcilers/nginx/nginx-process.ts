@@ -47,7 +47,7 @@ export interface NginxPaths {
 
 const TEMP_KINDS = ['body', 'proxy', 'fastcgi', 'uwsgi', 'scgi'] as const;
 
-/** The main nginx.conf text for a private Nginx under `dir` (TESTING.md "Private Nginx"). */
+/** The main nginx.conf text for a private Nginx under `dir` (no root-owned paths). */
 export function mainConfText(dir: string, opts: MainConfOptions = {}): { text: string; paths: NginxPaths } {
   const prefix = resolve(dir);
   const confDir = resolve(opts.confDir ?? join(prefix, 'conf.d'));

@@ -1,5 +1,5 @@
-// The typed view model the Nginx templates render (STYLE.md: "typed view model → one template →
-// text"). buildViews is pure: everything it needs from the world (certificates, upstream
+// The typed view model the Nginx templates render (a typed view model → one template →
+// text). buildViews is pure: everything it needs from the world (certificates, upstream
 // addresses) comes in through options.
 
 import { ProxyError } from '../../errors.js';

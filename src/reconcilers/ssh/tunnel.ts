@@ -59,7 +59,7 @@ export class ReplicaTunnel {
   /**
    * A channel to the app port; marks the replica unreachable when it fails.
    *
-   * Opened on demand, not from a pool of pre-opened channels. Measured on the P5 bench: a pool
+   * Opened on demand, not from a pool of pre-opened channels. Measured through the SSH data path: a pool
    * does not raise requests/s (the machine is CPU-bound and an open costs the same CPU whenever
    * it happens), and it needs care: sshd sets no TCP_NODELAY on a connection without a tty, so
    * its unsolicited CHANNEL_OPEN_CONFIRMATION followed by response data stalled 40 ms on our

@@ -1,5 +1,5 @@
 // Per-domain ACME backoff, persisted in <stateDir>/tls-backoff.json (0600, atomic write) so a
-// restart continues the schedule instead of resetting it (issue 5, item 4).
+// restart continues the schedule instead of resetting it.
 //
 // Schedule: after the n-th consecutive failed attempt for a domain the next attempt waits
 //   1 min, 5 min, 15 min, 30 min, 1 h, 2 h, 4 h, 8 h, 16 h, then 24 h for every further failure.

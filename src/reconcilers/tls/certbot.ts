@@ -1,4 +1,4 @@
-// Runs `certbot certonly --webroot` (issue 5, item 1): non-interactive, one at a time, with its
+// Runs `certbot certonly --webroot`: non-interactive, one at a time, with its
 // config/work/logs dirs under the state dir, and a timeout that kills certbot's whole process
 // group (it is started in its own session) so nothing is left holding certbot's lock.
 // The EAB HMAC key goes to certbot through a 0600 config file, never argv (visible in `ps`), and

@@ -1,4 +1,4 @@
-// What counts as having a certificate (issue 5, item 2): the files exist, parse as X.509
+// What counts as having a certificate: the files exist, parse as X.509
 // (node:crypto), cover the domain, match the key, and are not expired — and when it is due for
 // renewal: once two thirds of its lifetime have passed (cert-manager's default policy).
 // Everything here is pure except readCertificate, which only reads two files.

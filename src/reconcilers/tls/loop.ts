@@ -1,4 +1,4 @@
-// The TLS loop (issue 5): a certificate per `https: true` domain from the document's ACME server.
+// The TLS loop: a certificate per `https: true` domain from the document's ACME server.
 //
 // desired  = the https domains and the ACME settings (pure)
 // observe  = certbot's lineages, the published copies, the persisted backoff; writes each

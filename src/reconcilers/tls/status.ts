@@ -1,4 +1,4 @@
-// The TLS loop's per-domain status (issue 5, item 5) and what other loops read from it.
+// The TLS loop's per-domain status and what other loops read from it.
 // Conditions `Ready` and `Issuing` (V1Condition shape); the figures (serial, notAfter,
 // renewalTime, failedAttempts, lastFailureTime, nextAttemptTime, last error) are in the
 // messages, in a fixed `name value; name value` form that certForFromStatus parses back.

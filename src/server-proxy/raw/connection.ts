@@ -1,6 +1,6 @@
 // The raw fast path of the in-server proxy: plain HTTP/1.1 connections read straight from the
 // TCP socket, without Node's http server, for the requests that make up nearly all proxied
-// traffic (issue 8, P6: Node's request and response objects cost more than the proxying itself).
+// traffic (Node's request and response objects cost more than the proxying itself).
 //
 // A connection starts here. Each request head is parsed strictly (request-head.ts); a request
 // is served here only when it is simple: HTTP/1.1 under /proxy/services/, no Transfer-Encoding,
