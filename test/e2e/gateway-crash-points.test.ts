@@ -78,7 +78,13 @@ interface Stored {
 }
 
 async function readStored(stateDir: string): Promise<Stored> {
-  const doc = JSON.parse(await readFile(join(stateDir, 'state.json'), 'utf8')) as {
+  // A kill before the first document was stored leaves a fresh state dir: generation 0, nothing.
+  const text = await readFile(join(stateDir, 'state.json'), 'utf8').catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return null;
+    throw err;
+  });
+  if (text === null) return { generation: 0, bodySize: 0, domains: [] };
+  const doc = JSON.parse(text) as {
     metadata: { generation: number };
     spec: { services: { domain: string; clientMaxBodySize?: number }[] };
   };
