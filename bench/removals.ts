@@ -96,17 +96,25 @@ export async function removalRows(): Promise<Row[]> {
 
     // 100 removals, one PUT each, each waited for.
     const t1 = performance.now();
+    const passes0 = gw.controller.counters()['nginx']?.passes ?? 0;
+    const reloads0 = gw.nginxStats.reloads;
     for (let i = 0; i < REMOVALS; i++) {
       runs = runs.filter((r) => r !== `s${i}`);
       await put(runs);
       await until(httpPort, `s${i}.rm.test`, 404, 120_000);
     }
     const hundredS = (performance.now() - t1) / 1000;
+    const passes = (gw.controller.counters()['nginx']?.passes ?? 0) - passes0;
+    const reloads = gw.nginxStats.reloads - reloads0;
     const failures = connectFailures() - failures0;
     return [
       { id: 'R1', name: 'one removal of a service with pooled connections: PUT → its host answers 404', value: oneMs / 1000, unit: 's', target: '≤ 1 s', ok: oneMs <= 1000, baseline: { name: 'dstack', value: PEER_REMOVAL_S, measured: 'published' } },
       { id: 'R1a', name: 'a service added in the PUT after that removal: removal PUT → it answers', value: addedMs / 1000, unit: 's', target: '≤ 1 s', ok: addedMs <= 1000 },
       { id: 'R100', name: `${REMOVALS} removals one PUT at a time, each waited for`, value: hundredS, unit: 's', baseline: { name: 'dstack', value: PEER_REMOVAL_S * REMOVALS, measured: 'published' } },
+      // Each removal needs one reload, and reloads are at least DEFAULT_MIN_RELOAD_INTERVAL_MS
+      // apart: a client that waits for each removal before the next cannot go faster than that.
+      { id: 'R100r', name: `reloads during those ${REMOVALS} removals (at most one per second)`, value: reloads, unit: 'reloads' },
+      { id: 'R100p', name: `Nginx loop passes during those ${REMOVALS} removals`, value: passes, unit: 'passes' },
       { id: 'R502', name: 'Nginx `connect() to unix:… failed` lines during those removals', value: failures, unit: 'lines', target: '0', ok: failures === 0 },
     ];
   } finally {
