@@ -100,12 +100,6 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     for (const [svc, answer] of r.upstreams) if (JSON.stringify(o.upstreamFor!(svc)) !== answer) return false;
     return true;
   };
-  /**
-   * When the last successful reload was asked for. The interval runs from there: the time
-   * that reload then spent waiting for the previous workers to stop accepting is part of
-   * it, not added to it (a removal at a time waited ~1.2 s per removal, not 1 s).
-   */
-  let lastReloadSignalledAt: number | null = null;
   /** Sites of a reload whose previous workers still accepted at its deadline: not Applied yet. */
   let unconfirmed: { check: ReloadUnconfirmed; keys: Set<string> } | null = null;
   // Before the first look at the conf dir: what a crash in the middle of an apply left there.
@@ -209,7 +203,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       //    after a reload waits for the end of the interval. A newer document stored while it
       //    waited makes this batch stale: the pass that follows (already triggered) plans
       //    everything from that document, and reloads at once.
-      const wait = lastReloadSignalledAt === null ? 0 : lastReloadSignalledAt + minReloadIntervalMs - ctx.clock.now();
+      const wait = stats.lastReloadAt === null ? 0 : stats.lastReloadAt + minReloadIntervalMs - ctx.clock.now();
       if (wait > 0 && actions.some((a) => a.kind !== 'conflict')) {
         stats.reloadsDeferred++;
         stats.waitingForReload = true;
@@ -237,12 +231,10 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         mainConfPath: o.mainConfPath,
         test: o.test,
         reload: async () => {
-          const signalledAt = ctx.clock.now();
           try {
             const outcome = await o.reload();
             stats.reloads++;
             stats.lastReloadAt = ctx.clock.now();
-            lastReloadSignalledAt = signalledAt;
             return outcome;
           } catch (err) {
             stats.reloadFailures++;

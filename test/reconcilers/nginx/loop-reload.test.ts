@@ -4,7 +4,6 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { pino } from 'pino';
 import { afterAll, describe, expect, it } from 'vitest';
-import { FakeClock } from '../../../src/reconcilers/clock.js';
 import { Controller } from '../../../src/reconcilers/controller.js';
 import { createNginxLoop } from '../../../src/reconcilers/nginx/loop.js';
 import { NginxProcess } from '../../../src/reconcilers/nginx/nginx-process.js';
@@ -68,57 +67,6 @@ describe('Nginx loop: Applied only once the previous workers stopped accepting',
       expect((await request({ port: ng.httpPort, host: 'web.gw.test', localAddress: '127.0.0.2' })).status).toBe(503);
     } finally {
       await controller.stop();
-    }
-  });
-
-  it('the interval between reloads runs from when the previous one was asked for, not from when it returned', async () => {
-    const own = await startTestNginx({ start: false, main: { user: null } });
-    const nginx = new NginxProcess({ paths: own.paths, timeoutMs: 5_000 });
-    await nginx.start();
-    const clock = new FakeClock(Date.now());
-    let state: ProxyState = emptyState();
-    let generation = 1;
-    const loop = createNginxLoop({
-      confDir: own.paths.confDir,
-      mainConfPath: own.paths.confPath,
-      test: own.test,
-      // A reload whose previous workers take 400 ms to stop accepting.
-      reload: async () => {
-        const outcome = await nginx.reload();
-        clock.advance(400);
-        return outcome;
-      },
-      minReloadIntervalMs: 1_000,
-      view: { httpPort: own.httpPort, httpsPort: own.httpsPort, acmeWebroot: own.acmeWebroot, accessLogPath: own.accessLogPath },
-    });
-    const controller = new Controller({ loops: [loop] as unknown as AnyLoop[], getSpec: () => ({ state, generation }), clock, logger: pino({ level: 'silent' }) });
-    const withSites = (...runs: string[]): ProxyState => ({
-      ...emptyState(),
-      spec: { ...emptyState().spec, projects: [{ name: 'main' }], services: runs.map((run) => service({ run, domain: `${run}.gw.test`, replicas: [] })) },
-    });
-    try {
-      await controller.start();
-      clock.advance(1_000);
-      const reloads0 = loop.stats.reloads;
-      state = withSites('one');
-      generation = 2;
-      await controller.reconcileAll(); // a quiet second: at once
-      expect(loop.stats.reloads).toBe(reloads0 + 1);
-      clock.advance(600); // a second after that reload was asked for, 600 ms after it returned
-      state = withSites('one', 'two');
-      generation = 3;
-      const done = controller.reconcileAll();
-      await eventually(() => (loop.stats.reloads === reloads0 + 2 || loop.stats.waitingForReload ? true : undefined));
-      expect(loop.stats.waitingForReload).toBe(false);
-      expect(loop.stats.reloadsDeferred).toBe(0);
-      await done;
-      expect(loop.stats.reloads).toBe(reloads0 + 2);
-      expect((await request({ port: own.httpPort, host: 'two.gw.test', localAddress: '127.0.0.2' })).status).toBe(503);
-    } finally {
-      clock.advance(60_000);
-      await controller.stop();
-      await nginx.stop();
-      await own.stop();
     }
   });
 });
