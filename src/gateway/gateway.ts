@@ -178,6 +178,9 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     // Every service's upstream is its balancer socket: replica changes need no reload.
     upstreamFor: (service) => ({ kind: 'socket', path: sshLoop.balancer.socketPathFor(serviceKey(service)) }),
     dependsOn: [TLS_LOOP, SSH_LOOP],
+    // Certificates come from the TLS loop's status; the SSH loop only has to have bound the
+    // sockets first (its tunnels' ups and downs, a retired socket closing, change no site).
+    triggeredBy: [TLS_LOOP],
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
     ...(nginx ? { supervisor: () => nginx!.info } : {}),
     currentGeneration: () => current.generation,

@@ -3,8 +3,8 @@
 // A pass of one loop: read the spec → desired (pure) → observe → plan (pure) → apply the
 // eligible actions on the loop's own queue → report Ready/Degraded. Passes of one loop never
 // overlap; a trigger during a pass schedules exactly one more. Triggers: notify() (new
-// generation), a status change of a loop this one dependsOn or watches, the periodic resync,
-// and per-key retry/requeue timers. A failing key backs off on its own timer (backoff.ts) and
+// generation), a status change of a loop this one dependsOn (those it is triggeredBy) or
+// watches, the periodic resync, and per-key retry/requeue timers. A failing key backs off on its own timer (backoff.ts) and
 // is skipped by passes until then, so it never blocks other keys; a TerminalError parks a key
 // until the next generation.
 //
@@ -54,6 +54,7 @@ interface Deferred {
 
 interface Runtime {
   loop: AnyLoop;
+  /** Loops that depend on this one and read its status: triggered by its status changes. */
   dependents: Runtime[];
   /** Loops that watch this one: triggered by its status changes, never waited for. */
   watchers: Runtime[];
@@ -117,7 +118,8 @@ export class Controller {
     this.#runtimes = orderLoops(loops).map((loop) => this.#runtime(loop, policy, opts.random));
     for (const rt of this.#runtimes) this.#byName.set(rt.loop.name, rt);
     for (const rt of this.#runtimes) {
-      for (const dep of rt.loop.dependsOn ?? []) this.#byName.get(dep)?.dependents.push(rt);
+      const triggeredBy = rt.loop.triggeredBy ?? rt.loop.dependsOn ?? [];
+      for (const dep of rt.loop.dependsOn ?? []) if (triggeredBy.includes(dep)) this.#byName.get(dep)?.dependents.push(rt);
       for (const w of rt.loop.watches ?? []) this.#byName.get(w)?.watchers.push(rt);
     }
   }

@@ -59,6 +59,13 @@ export interface Loop<D, O, A> {
    */
   dependsOn?: readonly string[];
   /**
+   * The loops of `dependsOn` whose status changes trigger this loop; default: all of them. A
+   * dependency left out is still waited for, but only ordered before this loop: its status
+   * is not read, so a pass on each of its changes could never change anything (Nginx needs
+   * the balancer sockets to exist, and never reads the SSH loop's status).
+   */
+  triggeredBy?: readonly string[];
+  /**
    * Loops whose status this loop reads but never waits for: their status changes trigger this
    * loop (the SSH loop closes a removed service's socket once Nginx no longer routes to it).
    * May point back at a loop that depends on this one.

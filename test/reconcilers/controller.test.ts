@@ -231,6 +231,62 @@ describe('Controller', () => {
     expect(c.counters().sites?.passes).toBe(passes + 1);
   });
 
+  it('a dependency left out of triggeredBy is still waited for, but its status changes trigger no pass', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    let gate: ReturnType<typeof deferred> | undefined;
+    // sockets fails c once: its retry a second later changes its status, and nothing else.
+    const sockets = fakeLoop({ name: 'sockets', gate: () => gate?.promise, fail: (key, attempt) => (key === 'c' && attempt === 1 ? new Error('busy') : undefined) });
+    const certs = fakeLoop({ name: 'certs' });
+    const socketThere: boolean[] = [];
+    const siteWorld = (s: Spec['state']) => new Map(s.spec.services.map((x): [string, string] => [`site-${x.run}`, 'on']));
+    const sites = fakeLoop({
+      name: 'sites',
+      dependsOn: ['certs', 'sockets'],
+      triggeredBy: ['certs'],
+      want: siteWorld,
+      gate: (key) => {
+        socketThere.push(sockets.world.has(key.slice('site-'.length)));
+        return undefined;
+      },
+    });
+    // The same dependencies, every status change a trigger (the default).
+    const readsAll = fakeLoop({ name: 'readsAll', dependsOn: ['certs', 'sockets'], want: siteWorld });
+    const { c, clock } = setup([sites, readsAll, certs, sockets], spec);
+    await c.runOnce();
+
+    // Still ordered: a new site waits for its socket.
+    gate = deferred();
+    spec.current = specWith(2, { a: 1, b: 1 });
+    c.notify();
+    await until(() => certs.world.has('b') && sockets.applied.includes('b'));
+    for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
+    expect(sites.world.has('site-b')).toBe(false);
+    gate.resolve();
+    gate = undefined;
+    await c.whenIdle();
+    expect(sites.world.has('site-b')).toBe(true);
+    expect(socketThere).toEqual([true, true]);
+
+    spec.current = specWith(3, { a: 1, b: 1, c: 1 });
+    await c.runOnce();
+    expect(c.statuses().loops.sockets?.failures.c).toBeDefined();
+    const passes = { sites: c2passes(c, 'sites'), readsAll: c2passes(c, 'readsAll') };
+    const changed: string[] = [];
+    c.onStatus((loop) => changed.push(loop));
+    clock.advance(1_000); // sockets retries c: a status change of sockets only
+    await c.whenIdle();
+    expect(sockets.world.has('c')).toBe(true);
+    expect(changed).toContain('sockets');
+    expect(c2passes(c, 'readsAll')).toBe(passes.readsAll + 1);
+    expect(c2passes(c, 'sites')).toBe(passes.sites);
+  });
+
+  it('rejects triggeredBy a loop it does not depend on', () => {
+    const getSpec = () => specWith(1, {});
+    const x = fakeLoop({ name: 'x', dependsOn: [], triggeredBy: ['y'] });
+    expect(() => new Controller({ loops: [x.loop, fakeLoop({ name: 'y' }).loop], getSpec })).toThrow(/triggered by y, which it does not depend on/);
+  });
+
   it('a dependency that always has another pass queued does not starve its dependent', async () => {
     const spec = { current: specWith(1, { a: 1 }) };
     let spinning = true;

@@ -31,6 +31,7 @@ export function specWith(generation: number, runs: Record<string, number>): Spec
 export interface FakeLoopOptions {
   name: string;
   dependsOn?: string[];
+  triggeredBy?: string[];
   watches?: string[];
   settlesAfter?: 'actions' | 'plan';
   concurrency?: number;
@@ -90,6 +91,7 @@ export function fakeLoop(opts: FakeLoopOptions): FakeLoop {
   const loop = {
     name: opts.name,
     dependsOn: opts.dependsOn,
+    ...(opts.triggeredBy ? { triggeredBy: opts.triggeredBy } : {}),
     ...(opts.watches ? { watches: opts.watches } : {}),
     ...(opts.settlesAfter ? { settlesAfter: opts.settlesAfter } : {}),
     ...(opts.concurrency ? { concurrency: opts.concurrency } : {}),

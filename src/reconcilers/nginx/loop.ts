@@ -29,6 +29,8 @@ export interface NginxLoopOptions {
   renderHook?: (fileName: string, text: string) => string;
   /** Dependencies whose status feeds `desired` (the TLS loop, once it exists). */
   dependsOn?: readonly string[];
+  /** The dependencies whose status changes trigger a pass (default: all of dependsOn). */
+  triggeredBy?: readonly string[];
   /**
    * Reload at most once per this interval (ms; default 0 = no limit; the gateway sets
    * DEFAULT_MIN_RELOAD_INTERVAL_MS). A change right after a reload waits for the end of the
@@ -113,6 +115,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     name: NGINX_LOOP,
     stats,
     ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
+    ...(o.triggeredBy ? { triggeredBy: o.triggeredBy } : {}),
 
     desired(spec: ProxyState, statuses: StatusSnapshot): Map<string, string> {
       const certFor = o.certFor ? (d: string) => o.certFor!(d, statuses) : () => null;
