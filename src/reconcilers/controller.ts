@@ -1,4 +1,4 @@
-// The shared controller that drives every reconcile loop (DESIGN.md §3).
+// The shared controller that drives every reconcile loop.
 //
 // A pass of one loop: read the spec → desired (pure) → observe → plan (pure) → apply the
 // eligible actions on the loop's own queue → report Ready/Degraded. Passes of one loop never

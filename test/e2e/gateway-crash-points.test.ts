@@ -16,6 +16,7 @@ import { request, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePorts } from '../helpers/ports.js';
 import { tmpDir } from '../helpers/tmp.js';
+import { prng } from '../helpers/prng.js';
 
 const ROUNDS = 20;
 const SERVICES = 300;
@@ -27,17 +28,6 @@ const MAX_DELAY_MS = 800;
 /** The gateway reloads at most once per second: a PUT this long after a start goes in at once. */
 const QUIET_MS = 1_100;
 
-/** mulberry32: small, seeded, good enough to spread kill points. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Round k's document: 250 fixed services and 50 that change name every round; every site's body limit moves. */
 function roundDoc(k: number, port: number): { doc: Record<string, unknown>; domains: string[]; bodySize: number } {

@@ -11,6 +11,7 @@ import { putState, type TestGateway } from '../helpers/gateway.js';
 import { eventually } from '../helpers/nginx.js';
 import { CHATML } from './fixtures.js';
 import { startOpenAIReplica, startTgiReplica, type Replica } from './replicas.js';
+import { prng } from '../helpers/prng.js';
 
 const MEMBER = 'disconnect-member-token-0123';
 let server: ControlServer;
@@ -63,17 +64,6 @@ async function answersNormally(): Promise<void> {
   }
 }
 
-/** mulberry32: a small seeded PRNG, so a failing run can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Cut = 'head' | 'body' | 'response' | 'none';
 

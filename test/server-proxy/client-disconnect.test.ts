@@ -13,6 +13,7 @@ import { eventually } from '../helpers/nginx.js';
 import { tmpDir } from '../helpers/tmp.js';
 import { startServerProxyProcess, type ProxyProcess } from './cli-process.js';
 import { directService, doc, send } from './harness.js';
+import { prng } from '../helpers/prng.js';
 
 const TOKEN = 'disconnect-test-management-token-0123456789';
 const SMALL_LIMIT = 1024;
@@ -205,17 +206,6 @@ describe('a client that hangs up fails its own request only', () => {
   });
 });
 
-/** mulberry32: a small seeded PRNG, so a failing run can be replayed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Cut = 'head' | 'body' | 'response' | 'none';
 

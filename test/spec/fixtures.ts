@@ -76,17 +76,7 @@ export function getAt(root: unknown, pointer: string): unknown {
   return node;
 }
 
-/** mulberry32: a tiny seeded PRNG, so a failing property test names its seed and repeats. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export { prng } from '../helpers/prng.js';
 
 export type Rng = () => number;
 

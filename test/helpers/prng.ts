@@ -1,0 +1,13 @@
+// A seeded PRNG for tests that draw random inputs: a failing run prints its seed and repeats.
+
+/** mulberry32: tiny, seeded, and the same sequence for the same seed. */
+export function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
