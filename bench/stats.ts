@@ -6,7 +6,7 @@ import { closeSync, mkdtempSync, openSync, rmSync, statSync, writeSync } from 'n
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { createStatsCollector } from '../src/reconcilers/stats/index.js';
+import { createStatsCollector } from '../src/stats/index.js';
 import { API_VERSION, KIND, type ProxyState } from '../src/spec/types.js';
 import { median, type Row } from './table.js';
 

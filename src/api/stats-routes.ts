@@ -3,7 +3,7 @@
 
 import type { FastifyPluginAsync, onRequestHookHandler } from 'fastify';
 import type { ProxyState } from '../spec/types.js';
-import type { ServiceStats } from '../reconcilers/stats/index.js';
+import type { ServiceStats } from '../stats/index.js';
 
 export interface StatsRoutesOptions {
   collector: { collect(state: ProxyState): Promise<ServiceStats[]> };

@@ -8,7 +8,7 @@
 import { randomUUID } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { bearerToken, type AuthDecision } from '../api/auth.js';
+import { bearerToken, type AuthDecision } from '../auth/index.js';
 import { withErrorPath } from '../http1/index.js';
 import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';

@@ -18,7 +18,7 @@ import pino from 'pino';
 import { ProxyError } from '../errors.js';
 import type { ProxyState } from '../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from './backoff.js';
-import { KeyTimers, systemClock, type Clock, type TimerHandle } from './clock.js';
+import { KeyTimers, systemClock, type Clock, type TimerHandle } from '../clock.js';
 import { FailureBook, loopConditions } from './failures.js';
 import { assertUniqueKeys, badOption, orderLoops } from './loop-graph.js';
 import { readOnlyWriter, StatusStore } from './status.js';

@@ -2,7 +2,7 @@
 
 import type { Logger } from 'pino';
 import type { ProxyState } from '../spec/types.js';
-import type { Clock } from './clock.js';
+import type { Clock } from '../clock.js';
 import type { Condition, ConditionInput } from './conditions.js';
 
 /** What an action does; the usual three plus whatever a loop needs (`renew`, `reload`, …). */

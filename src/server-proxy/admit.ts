@@ -3,7 +3,7 @@
 // (413). Shared by HTTP requests and WebSocket upgrades.
 
 import type { IncomingHttpHeaders } from 'node:http';
-import { bearerToken, type AuthDecision } from '../api/auth.js';
+import { bearerToken, type AuthDecision } from '../auth/index.js';
 import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import type { ProxyTarget } from './paths.js';

@@ -1,9 +1,9 @@
-// Requests counted in-process, per service, in the gateway's 1 s frames (reconcilers/stats), so
+// Requests counted in-process, per service, in the gateway's 1 s frames (src/stats), so
 // `GET /api/stats/collect` answers in the same format and autoscaling works without a gateway.
 // Every service of the document is listed (in-server, every service is reachable).
 
-import { emptyWindows, FrameTable } from '../reconcilers/stats/frames.js';
-import type { ServiceStats } from '../reconcilers/stats/collector.js';
+import { emptyWindows, FrameTable } from '../stats/frames.js';
+import type { ServiceStats } from '../stats/collector.js';
 import type { ProxyState } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 

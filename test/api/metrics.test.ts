@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics, metricsRoutes, type Metrics } from '../../src/api/metrics.js';
 import { startGateway, type Gateway } from '../../src/gateway/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
-import { createStatsCollector, type StatsCollector } from '../../src/reconcilers/stats/index.js';
+import { createStatsCollector, type StatsCollector } from '../../src/stats/index.js';
 import { close, request, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePorts } from '../helpers/ports.js';

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { writeMainConf } from '../../src/reconcilers/nginx/nginx-process.js';
-import { FakeClock } from '../../src/reconcilers/clock.js';
+import { FakeClock } from '../helpers/fake-clock.js';
 import { api, gatewayDoc, putState, startTestGateway, type SvcInput, type TestGateway } from '../helpers/gateway.js';
 import { request, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';

@@ -4,7 +4,7 @@
 
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createControlServerAuth } from '../../src/api/auth.js';
+import { createControlServerAuth } from '../../src/auth/index.js';
 import { ModelApiError } from '../../src/models/errors.js';
 import { connectForwarder } from '../../src/models/forwarders.js';
 import { freePort } from '../helpers/ports.js';

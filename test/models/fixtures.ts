@@ -3,7 +3,7 @@
 import { connect as netConnect } from 'node:net';
 import Fastify, { type FastifyInstance } from 'fastify';
 import OpenAI from 'openai';
-import type { AuthDecision } from '../../src/api/auth.js';
+import type { AuthDecision } from '../../src/auth/index.js';
 import { connectForwarder, type Forwarder } from '../../src/models/forwarders.js';
 import { ModelApiError } from '../../src/models/errors.js';
 import { memoryFirstSeenStore, type FirstSeenStore } from '../../src/models/first-seen.js';

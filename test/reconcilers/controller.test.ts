@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { ProxyError, TerminalError } from '../../src/errors.js';
-import { FakeClock } from '../../src/reconcilers/clock.js';
+import { FakeClock } from '../helpers/fake-clock.js';
 import { findCondition } from '../../src/reconcilers/conditions.js';
 import { Controller, type ControllerOptions } from '../../src/reconcilers/controller.js';
 import type { LoopStatus } from '../../src/reconcilers/types.js';

@@ -14,7 +14,7 @@ import type { Duplex } from 'node:stream';
 import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
-import { systemClock, type Clock } from '../clock.js';
+import { systemClock, type Clock } from '../../clock.js';
 import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot, StatusWriter } from '../types.js';
 import { Balancer, type Upstream } from './balancer.js';
 import { HostKeyBook } from './host-keys.js';

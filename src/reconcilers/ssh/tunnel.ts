@@ -6,7 +6,7 @@
 import type { Duplex } from 'node:stream';
 import type { Client } from 'ssh2';
 import { nextDelay, type BackoffPolicy } from '../backoff.js';
-import type { Clock, TimerHandle } from '../clock.js';
+import type { Clock, TimerHandle } from '../../clock.js';
 import { connectChain, forwardOut, safeMessage, SshConnectError, type ChainOptions } from './ssh-chain.js';
 import type { ReplicaTarget } from './targets.js';
 

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { CertbotRunner } from '../../../src/reconcilers/tls/certbot.js';
-import { FakeClock } from '../../../src/reconcilers/clock.js';
+import { FakeClock } from '../../helpers/fake-clock.js';
 import { Controller } from '../../../src/reconcilers/controller.js';
 import { createTlsLoop } from '../../../src/reconcilers/tls/loop.js';
 import { emptyState } from '../../../src/spec/types.js';

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { FakeClock } from '../../../src/reconcilers/clock.js';
+import { FakeClock } from '../../helpers/fake-clock.js';
 import type { Condition } from '../../../src/reconcilers/conditions.js';
 import { Controller } from '../../../src/reconcilers/controller.js';
 import { certForFromStatus, createTlsLoop, type TlsLoop } from '../../../src/reconcilers/tls/index.js';

@@ -7,7 +7,7 @@ import { connect } from 'node:tls';
 import type { Server } from 'node:http';
 import pino from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { FakeClock } from '../../../src/reconcilers/clock.js';
+import { FakeClock } from '../../helpers/fake-clock.js';
 import { Controller } from '../../../src/reconcilers/controller.js';
 import { createNginxLoop } from '../../../src/reconcilers/nginx/loop.js';
 import { certForFromStatus, createTlsLoop, TLS_LOOP, type TlsLoop } from '../../../src/reconcilers/tls/index.js';

@@ -1,28 +1,6 @@
-// Time, injected. Every reconciler reads time and sets timers through a Clock so tests can
-// move time with FakeClock instead of sleeping.
+// A Clock that moves only when a test says so.
 
-/** An opaque timer handle: pass it back to the clock that made it. */
-export type TimerHandle = unknown;
-
-export interface Clock {
-  /** Milliseconds since the epoch. */
-  now(): number;
-  setTimeout(fn: () => void, ms: number): TimerHandle;
-  clearTimeout(handle: TimerHandle): void;
-}
-
-/** The real clock. Its timers are unref'd: a pending retry or resync never keeps the process alive. */
-export const systemClock: Clock = {
-  now: () => Date.now(),
-  setTimeout(fn, ms) {
-    const t = setTimeout(fn, Math.max(0, ms));
-    t.unref();
-    return t;
-  },
-  clearTimeout(handle) {
-    clearTimeout(handle as ReturnType<typeof setTimeout>);
-  },
-};
+import type { Clock, TimerHandle } from '../../src/clock.js';
 
 interface FakeTimer {
   id: number;
@@ -96,41 +74,5 @@ export class FakeClock implements Clock {
       if (best === undefined || t.due < best.due || (t.due === best.due && t.id < best.id)) best = t;
     }
     return best;
-  }
-}
-
-/** At most one pending timer per key on a clock; setting a key again replaces its timer. */
-export class KeyTimers {
-  readonly #clock: Clock;
-  readonly #handles = new Map<string, TimerHandle>();
-
-  constructor(clock: Clock) {
-    this.#clock = clock;
-  }
-
-  set(key: string, ms: number, fn: () => void): void {
-    this.clear(key);
-    this.#handles.set(
-      key,
-      this.#clock.setTimeout(() => {
-        this.#handles.delete(key);
-        fn();
-      }, ms),
-    );
-  }
-
-  clear(key: string): void {
-    const h = this.#handles.get(key);
-    if (h === undefined) return;
-    this.#clock.clearTimeout(h);
-    this.#handles.delete(key);
-  }
-
-  clearAll(): void {
-    for (const key of [...this.#handles.keys()]) this.clear(key);
-  }
-
-  has(key: string): boolean {
-    return this.#handles.has(key);
   }
 }

@@ -3,10 +3,10 @@
 import { appendFile, rename, truncate, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { FakeClock } from '../../../src/reconcilers/clock.js';
-import { createStatsCollector, type StatsCollector } from '../../../src/reconcilers/stats/index.js';
-import { API_VERSION, KIND, type ProxyState } from '../../../src/spec/types.js';
-import { tmpDir } from '../../helpers/tmp.js';
+import { FakeClock } from '../helpers/fake-clock.js';
+import { createStatsCollector, type StatsCollector } from '../../src/stats/index.js';
+import { API_VERSION, KIND, type ProxyState } from '../../src/spec/types.js';
+import { tmpDir } from '../helpers/tmp.js';
 
 const NOW = Date.UTC(2025, 0, 1, 12, 0, 0);
 const iso = (ms: number) => new Date(ms).toISOString().replace(/\.\d{3}Z$/, '+00:00');

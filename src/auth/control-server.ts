@@ -1,4 +1,4 @@
-// Project-member checks against the control server, and the Nginx `auth_request` target.
+// Project-member checks against the control server.
 //
 // createControlServerAuth() asks `POST <serverUrl>/api/projects/<project>/get` with the caller's
 // bearer token, exactly as dstack's server answers it: 200 = member, 401/403 = not. Positive
@@ -7,11 +7,10 @@
 // The model API reuses the same provider.
 
 import { createHash } from 'node:crypto';
-import type { FastifyPluginAsync } from 'fastify';
 import type { Logger } from 'pino';
 import { Agent, request, type Dispatcher } from 'undici';
 import { ProxyError } from '../errors.js';
-import { systemClock, type Clock } from '../reconcilers/clock.js';
+import { systemClock, type Clock } from '../clock.js';
 
 export type AuthDecision = 'allow' | 'deny' | 'unauthenticated' | 'unavailable';
 
@@ -148,38 +147,4 @@ export function createControlServerAuth(o: ControlServerAuthOptions): AuthProvid
 export const noServerAuth: AuthProvider = {
   check: async (_project, token) => (token === '' ? 'unauthenticated' : 'unavailable'),
   close: async () => undefined,
-};
-
-/** The token of an `Authorization: Bearer <token>` header, or null when absent or malformed. */
-export function bearerToken(header: string | string[] | undefined): string | null {
-  if (typeof header !== 'string') return null;
-  const m = /^Bearer[ \t]+([\x21-\x7e]+)[ \t]*$/i.exec(header);
-  return m?.[1] ?? null;
-}
-
-export interface AuthRoutesOptions {
-  auth: AuthProvider;
-}
-
-/**
- * `GET /api/auth/:project`, the Nginx auth_request target: 200 member, 401 no or malformed
- * token, 403 not a member, 503 when the server could not say (Nginx turns any status but
- * 2xx/401/403 into a 500 for the client: the request is refused either way).
- */
-export const authRoutes: FastifyPluginAsync<AuthRoutesOptions> = async (app, { auth }) => {
-  app.get<{ Params: { project: string } }>('/api/auth/:project', async (req, reply) => {
-    void reply.header('cache-control', 'no-store');
-    const token = bearerToken(req.headers.authorization);
-    const decision = token === null ? 'unauthenticated' : await auth.check(req.params.project, token);
-    switch (decision) {
-      case 'allow':
-        return reply.code(200).send();
-      case 'unauthenticated':
-        return reply.code(401).header('www-authenticate', 'Bearer').send({ detail: 'Not authenticated' });
-      case 'deny':
-        return reply.code(403).send({ detail: 'Access denied' });
-      case 'unavailable':
-        return reply.code(503).send({ detail: 'The control server could not verify the token' });
-    }
-  });
 };

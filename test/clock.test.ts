@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { FakeClock, KeyTimers } from '../../src/reconcilers/clock.js';
+import { KeyTimers } from '../src/clock.js';
+import { FakeClock } from './helpers/fake-clock.js';
 
 describe('FakeClock', () => {
   it('fires due timers in due order, ties in the order set, and ones set by callbacks inside the window', () => {

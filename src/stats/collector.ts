@@ -2,7 +2,7 @@
 // `GET /api/stats/collect` for every service of the document that has a domain.
 
 import type { Logger } from 'pino';
-import type { ProxyState } from '../../spec/types.js';
+import type { ProxyState } from '../spec/types.js';
 import { systemClock, type Clock, type TimerHandle } from '../clock.js';
 import { DEFAULT_MAX_HOSTS, emptyWindows, FrameTable, type WindowStats } from './frames.js';
 import { newParseCounters, parseLines, type ParseCounters } from './parse.js';

@@ -1,8 +1,8 @@
 // The access-log parser and the frames, on bytes made here.
 
 import { describe, expect, it } from 'vitest';
-import { FrameTable, HostFrames } from '../../../src/reconcilers/stats/frames.js';
-import { daysFromCivil, newParseCounters, parseIsoSeconds, parseLines } from '../../../src/reconcilers/stats/parse.js';
+import { FrameTable, HostFrames } from '../../src/stats/frames.js';
+import { daysFromCivil, newParseCounters, parseIsoSeconds, parseLines } from '../../src/stats/parse.js';
 
 const T0 = '2025-01-01T12:00:00+00:00';
 const sec = (iso: string) => Date.parse(iso) / 1000;
