@@ -33,7 +33,7 @@ async function start(m: ChildStart): Promise<void> {
   const want = m.spec.spec.services.reduce((n, s) => n + s.replicas.length, 0);
   for (;;) {
     const objects = controller.statuses().loops.ssh?.objects ?? {};
-    const ready = Object.values(objects).filter((c) => c?.[0]?.status === 'True').length;
+    const ready = Object.values(objects).filter((c) => c?.conditions[0]?.status === 'True').length;
     if (ready >= want) break;
     await new Promise((r) => setTimeout(r, 100));
   }

@@ -61,7 +61,7 @@ export function assess(s: StatusResponse, generation: number): Assessment {
 
     let readyCount = 0;
     let total = 0;
-    for (const [key, conditions] of Object.entries(loop.objects)) {
+    for (const [key, { conditions }] of Object.entries(loop.objects)) {
       const r = find(conditions, 'Ready');
       if (r === undefined) continue;
       total++;
@@ -155,7 +155,7 @@ function loopRows(name: string, loop: LoopStatus, opts: { now: number; wide: boo
     c?.lastTransitionTime ? age(opts.now - Date.parse(String(c.lastTransitionTime))) : '-',
   ];
   const rows = [row('(loop)', find(loop.conditions, 'Ready'))];
-  for (const [key, conditions] of Object.entries(loop.objects)) {
+  for (const [key, { conditions }] of Object.entries(loop.objects)) {
     const ready = find(conditions, 'Ready');
     const degraded = find(conditions, 'Degraded');
     // Serving an old version while the new one is rejected: show why, not just "True".

@@ -327,7 +327,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
 
 function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
   const out: TunnelMetric[] = [];
-  for (const [key, conditions] of Object.entries(statuses.loops[SSH_LOOP]?.objects ?? {})) {
+  for (const [key, { conditions }] of Object.entries(statuses.loops[SSH_LOOP]?.objects ?? {})) {
     const ready = conditions.find((c) => c.type === 'Ready');
     const slash = key.lastIndexOf('/');
     const replica = key.slice(slash + 1);

@@ -100,6 +100,8 @@ export class Controller {
   readonly #listeners = new Set<StatusListener>();
   #resyncTimer: TimerHandle | null = null;
   #started = false;
+  /** Loops' start() calls; passes wait for them. */
+  #starting: Promise<void> | null = null;
   #stopped = false;
   #stopping: Promise<void> | null = null;
 
@@ -124,14 +126,24 @@ export class Controller {
     }
   }
 
-  /** Starts the periodic resync and runs every loop once; resolves when that first round is done. */
+  /**
+   * Starts every loop (dependency order), then the periodic resync, and runs every loop once;
+   * resolves when that first round is done. A loop whose start() fails fails this call.
+   */
   start(): Promise<void> {
     if (this.#stopped) return Promise.reject(new ProxyError('DP_ERR_INTERNAL', 'controller is stopped'));
     if (!this.#started) {
       this.#started = true;
-      this.#scheduleResync();
+      this.#starting = this.#startLoops();
     }
     return this.reconcileAll();
+  }
+
+  async #startLoops(): Promise<void> {
+    for (const rt of this.#runtimes) {
+      await rt.loop.start?.({ status: rt.status.writer(), trigger: () => void this.#trigger(rt) });
+    }
+    this.#scheduleResync();
   }
 
   /** A new generation was stored: run every loop (dependencies first). */
@@ -146,6 +158,14 @@ export class Controller {
    */
   reconcileAll(): Promise<void> {
     if (this.#stopped) return Promise.resolve();
+    // Before the loops have started, a pass could only fail on resources they acquire at start.
+    if (this.#starting !== null) {
+      const starting = this.#starting;
+      return starting.then(() => {
+        if (this.#starting === starting) this.#starting = null;
+        return this.reconcileAll();
+      });
+    }
     const passes = this.#runtimes.map((rt) => this.#passAfter(rt, rt.started));
     return Promise.all(passes).then(() => undefined);
   }
@@ -156,7 +176,8 @@ export class Controller {
    * does not wait for actions of loops that settle after planning (certbot runs).
    */
   whenSettled(): Promise<void> {
-    return this.#settledAll(this.#runtimes, this.#currentGeneration());
+    const starting = this.#starting ?? Promise.resolve();
+    return starting.then(() => this.#settledAll(this.#runtimes, this.#currentGeneration()));
   }
 
   /** Alias of reconcileAll. */
@@ -174,7 +195,10 @@ export class Controller {
     }
   }
 
-  /** Stops timers and triggers, lets in-flight actions finish, skips actions not yet started. */
+  /**
+   * Stops timers and triggers, lets in-flight actions finish, skips actions not yet started,
+   * then closes every loop in reverse dependency order (a close that fails is logged).
+   */
   stop(): Promise<void> {
     this.#stopping ??= this.#drain();
     return this.#stopping;
@@ -275,6 +299,14 @@ export class Controller {
     }
     await Promise.all(this.#runtimes.map((rt) => rt.running));
     await Promise.all(this.#runtimes.map((rt) => rt.queue.onIdle()));
+    await this.#starting?.catch(() => undefined);
+    for (const rt of [...this.#runtimes].reverse()) {
+      try {
+        await rt.loop.close?.();
+      } catch (err) {
+        this.#logger.warn({ err, loop: rt.loop.name }, 'closing a loop failed');
+      }
+    }
   }
 
   // ── one pass ──────────────────────────────────────────────────────────────────────────

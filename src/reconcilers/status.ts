@@ -1,12 +1,18 @@
-// One loop's status: loop-level conditions and per-object conditions, written only when they
-// differ. The controller owns one store per loop and hands loops a StatusWriter over it.
+// One loop's status: loop-level conditions, and per object its conditions and outputs, written
+// only when they differ. The controller owns one store per loop and hands loops a StatusWriter
+// over it.
 
 import { setCondition, type Condition, type ConditionInput } from './conditions.js';
-import type { FailureInfo, LoopStatus, StatusWriter } from './types.js';
+import type { FailureInfo, LoopStatus, Outputs, StatusWriter } from './types.js';
+
+interface Entry {
+  conditions: readonly Condition[];
+  outputs?: Outputs;
+}
 
 export class StatusStore {
   #conditions: readonly Condition[] = [];
-  #objects = new Map<string, readonly Condition[]>();
+  #objects = new Map<string, Entry>();
   readonly #now: () => number;
   readonly #generation: () => number;
   readonly #onChange: () => void;
@@ -29,9 +35,19 @@ export class StatusStore {
   }
 
   setObjectCondition(key: string, cond: ConditionInput): void {
-    const { conditions, changed } = setCondition(this.#objects.get(key) ?? [], cond, this.#now());
+    const entry = this.#objects.get(key);
+    const { conditions, changed } = setCondition(entry?.conditions ?? [], cond, this.#now());
     if (!changed) return;
-    this.#objects.set(key, conditions);
+    this.#objects.set(key, entry?.outputs === undefined ? { conditions } : { conditions, outputs: entry.outputs });
+    this.#onChange();
+  }
+
+  setObjectOutputs(key: string, outputs: Outputs | undefined): void {
+    const entry = this.#objects.get(key);
+    if (sameOutputs(entry?.outputs, outputs)) return;
+    const conditions = entry?.conditions ?? [];
+    if (outputs === undefined && conditions.length === 0) this.#objects.delete(key);
+    else this.#objects.set(key, outputs === undefined ? { conditions } : { conditions, outputs: Object.freeze({ ...outputs }) });
     this.#onChange();
   }
 
@@ -43,15 +59,18 @@ export class StatusStore {
   writer(): StatusWriter {
     return {
       set: (key, cond) => this.setObjectCondition(key, { ...cond, observedGeneration: cond.observedGeneration ?? this.#generation() }),
+      setOutputs: (key, outputs) => this.setObjectOutputs(key, outputs),
       delete: (key) => this.deleteObject(key),
       prune: (keep) => {
         const keepSet = new Set(keep);
         for (const key of [...this.#objects.keys()]) if (!keepSet.has(key)) this.deleteObject(key);
       },
       get: (key) => {
-        const c = this.#objects.get(key);
+        const c = this.#objects.get(key)?.conditions;
         return c === undefined ? undefined : structuredClone(c);
       },
+      // Frozen when stored: no copy needed.
+      outputs: (key) => this.#objects.get(key)?.outputs,
       keys: () => [...this.#objects.keys()].sort(),
     };
   }
@@ -61,13 +80,26 @@ export class StatusStore {
     const keys = [...this.#objects.keys()].sort();
     return structuredClone({
       conditions: [...this.#conditions],
-      objects: Object.fromEntries(keys.map((k) => [k, [...(this.#objects.get(k) ?? [])]])),
+      objects: Object.fromEntries(
+        keys.map((k) => {
+          const e = this.#objects.get(k)!;
+          return [k, e.outputs === undefined ? { conditions: [...e.conditions] } : { conditions: [...e.conditions], outputs: e.outputs }];
+        }),
+      ),
       failures,
     });
   }
 }
 
+function sameOutputs(a: Outputs | undefined, b: Outputs | undefined): boolean {
+  if (a === b) return true;
+  if (a === undefined || b === undefined) return false;
+  const ka = Object.keys(a);
+  if (ka.length !== Object.keys(b).length) return false;
+  return ka.every((k) => Object.is(a[k], b[k]));
+}
+
 /** A writer that reads the live store and drops writes: for dry runs. */
 export function readOnlyWriter(inner: StatusWriter): StatusWriter {
-  return { set: () => {}, delete: () => {}, prune: () => {}, get: inner.get, keys: inner.keys };
+  return { set: () => {}, setOutputs: () => {}, delete: () => {}, prune: () => {}, get: inner.get, outputs: inner.outputs, keys: inner.keys };
 }

@@ -37,7 +37,46 @@ export interface StatusWriter {
   /** Removes every object whose key is not in `keep`. */
   prune(keep: Iterable<string>): void;
   get(objectKey: string): readonly Condition[] | undefined;
+  /**
+   * Publishes the typed facts other loops, the CLI and metrics read about `objectKey`
+   * (replacing what was there; `undefined` removes them). Equal outputs change nothing.
+   */
+  setOutputs(objectKey: string, outputs: Outputs | undefined): void;
+  outputs(objectKey: string): Outputs | undefined;
   keys(): string[];
+}
+
+/** One published fact: machines read these, people read condition messages. */
+export type OutputValue = string | number | boolean | null;
+
+/** What a loop publishes about one object (outputs.ts names each loop's shape). */
+export type Outputs = Readonly<Record<string, OutputValue>>;
+
+/** One object's status: conditions for people and for Ready/Degraded, outputs for other code. */
+export interface ObjectStatus {
+  conditions: Condition[];
+  outputs?: Outputs;
+}
+
+/** What a loop's background work gets at start: the live status writer and a way to ask for a pass. */
+export interface LoopHandle {
+  /** The loop's status, outside any pass (a tunnel that drops reports through this). */
+  status: StatusWriter;
+  /** Asks the controller for one more pass of this loop. */
+  trigger(): void;
+}
+
+/** One sample of a metric family: label values and the value. */
+export type MetricSample = readonly [labels: Readonly<Record<string, string>>, value: number];
+
+/** A Prometheus metric family a loop exposes; `read` runs at every scrape. */
+export interface MetricFamily {
+  /** Without the process-wide prefix (`dstack_proxy_`). */
+  name: string;
+  help: string;
+  type: 'counter' | 'gauge';
+  labelNames: readonly string[];
+  read(): readonly MetricSample[] | Promise<readonly MetricSample[]>;
 }
 
 /** Handed to observe/apply: what the loop may touch besides its own slice of the world. */
@@ -51,6 +90,18 @@ export interface LoopContext {
 
 export interface Loop<D, O, A> {
   name: string;
+  /**
+   * Called once before the first pass, in dependency order: acquire what outlives passes
+   * (listening sockets, a background watcher) and keep `handle` for reporting between passes.
+   */
+  start?(handle: LoopHandle): void | Promise<void>;
+  /**
+   * Called once when the controller stops, after in-flight actions finished, in reverse
+   * dependency order: release everything (tunnels, sockets, processes). Must not throw twice.
+   */
+  close?(): Promise<void>;
+  /** The loop's metric families; called once when the daemon is assembled. */
+  metrics?(): readonly MetricFamily[];
   /**
    * Loops whose status this loop reads in `desired`; their status changes trigger this loop,
    * and a pass of this loop starts only once each of them has settled a pass that read the
@@ -105,6 +156,14 @@ export interface Loop<D, O, A> {
 /** A loop of any types, as the controller holds it. */
 export type AnyLoop = Loop<unknown, unknown, unknown>;
 
+/**
+ * Checks a loop against the contract where it is written (the compiler infers D, O and A from
+ * desired/observe/plan), and returns it unchanged: any `Loop<D, O, A>` is an AnyLoop.
+ */
+export function defineLoop<D, O, A, L extends Loop<D, O, A>>(loop: L & Loop<D, O, A>): L {
+  return loop;
+}
+
 /** An action key that is failing, as GET /api/v1/status shows it. */
 export interface FailureInfo {
   message: string;
@@ -118,8 +177,8 @@ export interface FailureInfo {
 export interface LoopStatus {
   /** Loop-level conditions: `Ready` and `Degraded`. */
   conditions: Condition[];
-  /** Per-object conditions reported through ctx.status, by object key. */
-  objects: Record<string, Condition[]>;
+  /** Per-object conditions and outputs reported through the status writer, by object key. */
+  objects: Record<string, ObjectStatus>;
   /** Action keys currently failing, by action key. */
   failures: Record<string, FailureInfo>;
 }

@@ -154,7 +154,7 @@ describe('waitForConvergence', () => {
     loops: {
       nginx: {
         conditions: [{ type: 'Ready', status: 'True', reason: 'Converged', message: '', observedGeneration: 4, lastTransitionTime: new Date(0) }],
-        objects: { 'a.localhost': [{ type: 'Ready', status: 'True', reason: 'Applied', message: '', observedGeneration: 4, lastTransitionTime: new Date(0) }] },
+        objects: { 'a.localhost': { conditions: [{ type: 'Ready', status: 'True', reason: 'Applied', message: '', observedGeneration: 4, lastTransitionTime: new Date(0) }] } },
         failures: {},
       },
     },

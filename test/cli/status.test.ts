@@ -59,7 +59,7 @@ describe('dstack-proxy status', () => {
     expect(r.code).toBe(0);
     const s = JSON.parse(r.stdout) as StatusResponse;
     expect(s).toMatchObject({ generation: 1, observedGeneration: 1, ready: true });
-    expect(s.loops.nginx?.objects['hello.localhost']?.[0]).toMatchObject({ type: 'Ready', status: 'True', reason: 'Applied' });
+    expect(s.loops.nginx?.objects['hello.localhost']?.conditions[0]).toMatchObject({ type: 'Ready', status: 'True', reason: 'Applied' });
   });
 
   it('without the token: exit 1 saying how to pass one', async () => {
@@ -98,7 +98,7 @@ const at = (gen: number, status: Condition['status'], reason: string, message = 
 });
 
 function snapshot(loopReady: Condition, objects: Record<string, Condition[]>, over: Partial<StatusResponse> = {}): StatusResponse {
-  return { generation: 3, hash: 'h', ready: true, observedGeneration: 3, loops: { nginx: { conditions: [loopReady], objects, failures: {} } }, ...over };
+  return { generation: 3, hash: 'h', ready: true, observedGeneration: 3, loops: { nginx: { conditions: [loopReady], objects: Object.fromEntries(Object.entries(objects).map(([k, conditions]) => [k, { conditions }])), failures: {} } }, ...over };
 }
 
 describe('assess(status, generation)', () => {

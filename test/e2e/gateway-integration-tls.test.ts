@@ -27,7 +27,7 @@ interface Condition {
   message: string;
 }
 interface StatusBody {
-  loops: Record<string, { objects: Record<string, Condition[]> }>;
+  loops: Record<string, { objects: Record<string, { conditions: Condition[] }> }>;
 }
 
 beforeAll(async () => {
@@ -102,7 +102,7 @@ describe('TLS through certbot and Pebble', () => {
     await httpsReady();
     const ready = await eventually(async () => {
       const r = await api(t, { path: '/api/v1/status' });
-      const conditions = (r.json as StatusBody).loops.tls?.objects[DOMAIN];
+      const conditions = (r.json as StatusBody).loops.tls?.objects[DOMAIN]?.conditions;
       const c = conditions?.find((x) => x.type === 'Ready');
       return c?.status === 'True' ? c : undefined;
     }, 30_000);

@@ -57,8 +57,8 @@ it('a PKCS#8 RSA project key: the replica becomes Ready and traffic flows throug
   }, 30_000);
   expect((JSON.parse(reply.body) as { name: string }).name).toBe('app-pkcs8');
   const status = await api(t, { path: '/api/v1/status' });
-  const objects = (status.json as { loops: Record<string, { objects: Record<string, { type: string; status: string }[]> }> }).loops.ssh?.objects ?? {};
-  expect(objects['main/pkcs8/pkcs8-r0']?.find((c) => c.type === 'Ready')?.status).toBe('True');
+  const objects = (status.json as { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string }[] }> }> }).loops.ssh?.objects ?? {};
+  expect(objects['main/pkcs8/pkcs8-r0']?.conditions.find((c) => c.type === 'Ready')?.status).toBe('True');
   expect(sshd.accepted()).toBeGreaterThanOrEqual(1);
 }, 60_000);
 

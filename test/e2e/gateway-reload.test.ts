@@ -26,13 +26,13 @@ afterAll(async () => {
   await new Promise<void>((r) => (echo ? echo.close(() => r()) : r()));
 });
 
-type Status = { loops: Record<string, { objects: Record<string, { type: string; status: string; reason: string; observedGeneration: number }[]> }> };
+type Status = { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string; reason: string; observedGeneration: number }[] }> }> };
 
 /** What a control server does: poll GET /api/v1/status until the site says Applied at `generation`. */
 async function appliedAt(t: TestGateway, domain: string, generation: number): Promise<void> {
   await eventually(async () => {
     const s = (await api(t, { path: '/api/v1/status' })).json as Status;
-    const ready = s.loops.nginx?.objects[domain]?.find((c) => c.type === 'Ready');
+    const ready = s.loops.nginx?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
     return ready?.status === 'True' && ready.reason === 'Applied' && ready.observedGeneration >= generation ? true : undefined;
   }, 20_000);
 }

@@ -82,9 +82,9 @@ describe('the TLS loop never holds back Nginx', () => {
     const servedMs = await allServed(first.httpPort, domains(), t0);
     // The TLS loop reports every domain as waiting for DNS (it re-checks every 30 s, so it is
     // never idle for long: poll its status), and spends no ACME attempt.
-    type Status = { generation: number; observedGeneration: number; loops: Record<string, { objects: Record<string, { type: string; reason: string }[]> }> };
+    type Status = { generation: number; observedGeneration: number; loops: Record<string, { objects: Record<string, { conditions: { type: string; reason: string }[] }> }> };
     const dnsNotReady = (s: Status) =>
-      Object.values(s.loops.tls?.objects ?? {}).filter((cs) => cs.some((c) => c.type === 'Ready' && c.reason === 'DNSNotReady')).length;
+      Object.values(s.loops.tls?.objects ?? {}).filter((cs) => cs.conditions.some((c) => c.type === 'Ready' && c.reason === 'DNSNotReady')).length;
     let status: Status;
     for (;;) {
       status = (await api(first, { path: '/api/v1/status' })).json as Status;

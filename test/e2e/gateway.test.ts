@@ -116,13 +116,13 @@ describe('data path, idempotency and removal', () => {
       generation: number;
       observedGeneration: number;
       ready: boolean;
-      loops: Record<string, { conditions: { type: string; status: string }[]; objects: Record<string, { type: string; status: string }[]> }>;
+      loops: Record<string, { conditions: { type: string; status: string }[]; objects: Record<string, { conditions: { type: string; status: string }[] }> }>;
     };
     expect(status).toMatchObject({ generation: 1, observedGeneration: 1, ready: true });
     const nginx = status.loops.nginx!;
     expect(nginx.conditions.find((c) => c.type === 'Ready')).toMatchObject({ status: 'True' });
     expect(Object.keys(nginx.objects).sort()).toEqual(['alpha.gw.test', 'beta.gw.test', 'empty.gw.test', 'global', 'limited-auth.gw.test', 'limited.gw.test']);
-    for (const [key, conds] of Object.entries(nginx.objects)) {
+    for (const [key, { conditions: conds }] of Object.entries(nginx.objects)) {
       expect(conds.find((c) => c.type === 'Ready'), key).toMatchObject({ status: 'True' });
     }
   });
@@ -271,8 +271,8 @@ describe('isolation of a site that fails nginx -t', () => {
   /** Domains whose rendered site gets a directive nginx -t refuses. */
   const broken = new Set(['broken.gw.test']);
   type Conditions = { type: string; status: string; reason: string; message: string }[];
-  const nginxObjects = async (): Promise<Record<string, Conditions>> => {
-    const status = (await api(t, { path: '/api/v1/status' })).json as { loops: Record<string, { objects: Record<string, Conditions> }> };
+  const nginxObjects = async (): Promise<Record<string, { conditions: Conditions }>> => {
+    const status = (await api(t, { path: '/api/v1/status' })).json as { loops: Record<string, { objects: Record<string, { conditions: Conditions }> }> };
     return status.loops.nginx!.objects;
   };
   beforeAll(async () => {
@@ -306,14 +306,14 @@ describe('isolation of a site that fails nginx -t', () => {
     await expect(readFile(siteFile(t, 'broken.gw.test'))).rejects.toMatchObject({ code: 'ENOENT' });
 
     const status = (await api(t, { path: '/api/v1/status' })).json as {
-      loops: Record<string, { objects: Record<string, { type: string; status: string; reason: string; message: string }[]> }>;
+      loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string; reason: string; message: string }[] }> }>;
     };
-    const broken = status.loops.nginx!.objects['broken.gw.test']!;
+    const broken = status.loops.nginx!.objects['broken.gw.test']!.conditions;
     const degraded = broken.find((c) => c.type === 'Degraded');
     expect(degraded).toMatchObject({ status: 'True', reason: 'ConfigRejected' });
     expect(degraded!.message).toMatch(/unknown directive "bogus_directive"/);
     expect(broken.find((c) => c.type === 'Ready')).toMatchObject({ status: 'False' });
-    expect(status.loops.nginx!.objects['alpha.gw.test']!.find((c) => c.type === 'Ready')).toMatchObject({ status: 'True' });
+    expect(status.loops.nginx!.objects['alpha.gw.test']!.conditions.find((c) => c.type === 'Ready')).toMatchObject({ status: 'True' });
   });
 
   it('keeps nginx healthy: later changes converge, the live config passes nginx -t', async () => {
@@ -354,7 +354,7 @@ describe('isolation of a site that fails nginx -t', () => {
     expect(await whoAnswered(t, 'gamma.gw.test')).toBe('b0'); // the old replica still
     expect(await readFile(siteFile(t, 'gamma.gw.test'), 'utf8')).not.toContain('bogus_directive');
     expect(t.gw.nginxStats.reloads).toBe(reloads);
-    const gamma = (await nginxObjects())['gamma.gw.test']!;
+    const gamma = (await nginxObjects())['gamma.gw.test']!.conditions;
     expect(gamma.find((c) => c.type === 'Ready')).toMatchObject({ status: 'True', reason: 'ServingPrevious' });
     expect(gamma.find((c) => c.type === 'Degraded')).toMatchObject({ status: 'True', reason: 'ConfigRejected' });
     broken.delete('gamma.gw.test');
@@ -373,7 +373,7 @@ describe('isolation of a site that fails nginx -t', () => {
     expect((await viaNginx(t, 'delta.gw.test')).status).toBe(404);
     const objects = await nginxObjects();
     expect(Object.keys(objects).sort()).toEqual(['alpha.gw.test', 'gamma.gw.test', 'global']);
-    expect(objects['gamma.gw.test']!.find((c) => c.type === 'Degraded')).toMatchObject({ status: 'False' });
+    expect(objects['gamma.gw.test']!.conditions.find((c) => c.type === 'Degraded')).toMatchObject({ status: 'False' });
   });
 });
 

@@ -39,7 +39,7 @@ describe('Controller', () => {
     const files = s.loops.files;
     expect(cond(files, 'Ready')).toMatchObject({ status: 'True', reason: 'Converged', observedGeneration: 3 });
     expect(cond(files, 'Degraded')).toMatchObject({ status: 'False', observedGeneration: 3 });
-    expect(files?.objects.a?.[0]).toMatchObject({ type: 'Ready', status: 'True', observedGeneration: 3 });
+    expect(files?.objects.a?.conditions[0]).toMatchObject({ type: 'Ready', status: 'True', observedGeneration: 3 });
     expect(c.counters().files).toMatchObject({ passes: 1, errors: 0, actionsApplied: 2 });
   });
 
@@ -72,7 +72,7 @@ describe('Controller', () => {
     expect(files?.failures.b).toMatchObject({ attempts: 1, terminal: false, message: 'b broke (1)' });
     expect(cond(files, 'Ready')).toMatchObject({ status: 'False', reason: 'ActionsFailing' });
     expect(cond(files, 'Degraded')).toMatchObject({ status: 'True' });
-    expect(files?.objects.b?.[0]).toMatchObject({ status: 'False', reason: 'ApplyFailed' });
+    expect(files?.objects.b?.conditions[0]).toMatchObject({ status: 'False', reason: 'ApplyFailed' });
 
     // While b waits out its backoff, another pass skips b but still applies a new key.
     extra.set('d', '1');
@@ -98,7 +98,7 @@ describe('Controller', () => {
     files = c.statuses().loops.files;
     expect(files?.failures).toEqual({});
     expect(cond(files, 'Ready')).toMatchObject({ status: 'True' });
-    expect(files?.objects.b?.[0]).toMatchObject({ status: 'True' });
+    expect(files?.objects.b?.conditions[0]).toMatchObject({ status: 'True' });
     expect(c.counters().files?.errors).toBe(2);
     // a and c were applied exactly once: retries touched only b
     expect(f.attempts.get('a')).toBe(1);
@@ -158,7 +158,7 @@ describe('Controller', () => {
     await c.whenIdle();
     expect(Object.fromEntries(f.world)).toEqual({ a: '5', c: '1' });
     const files = c.statuses().loops.files;
-    expect(files?.objects.a?.[0]).toMatchObject({ observedGeneration: 2, message: 'value 5' });
+    expect(files?.objects.a?.conditions[0]).toMatchObject({ observedGeneration: 2, message: 'value 5' });
     expect(files?.objects.b).toBeUndefined();
     expect(cond(files, 'Ready')?.observedGeneration).toBe(2);
   });
@@ -174,7 +174,7 @@ describe('Controller', () => {
         const objects = statuses.loops.certs?.objects ?? {};
         return new Map(
           Object.entries(objects)
-            .filter(([, cs]) => cs.some((x) => x.type === 'Ready' && x.status === 'True'))
+            .filter(([, cs]) => cs.conditions.some((x) => x.type === 'Ready' && x.status === 'True'))
             .map(([k]) => [`site-${k}`, 'tls']),
         );
       },

@@ -13,7 +13,8 @@ import type { NginxProcessInfo, ReloadOutcome, ReloadUnconfirmed, TestResult } f
 import { renderAll } from './render.js';
 import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
 
-export const NGINX_LOOP = 'nginx';
+export { NGINX_LOOP } from '../outputs.js';
+import { NGINX_LOOP } from '../outputs.js';
 
 export interface NginxLoopOptions {
   /** The managed conf dir (global file + sites/), included by the main conf. */

@@ -21,7 +21,8 @@ import { HostKeyBook } from './host-keys.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica, type DesiredSsh } from './targets.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
 
-export const SSH_LOOP = 'ssh';
+export { replicaObjectKey, SSH_LOOP } from '../outputs.js';
+import { replicaObjectKey, SSH_LOOP } from '../outputs.js';
 
 export interface SshLoopOptions {
   /** Sockets go to <stateDir>/sockets unless socketDir is given. */
@@ -116,11 +117,6 @@ export type SshLoop = Loop<SshDesired, ObservedSsh, SshPayload> & {
   /** Closes every socket and connection at once (shutdown; after controller.stop()). */
   close(): Promise<void>;
 };
-
-/** Status object key of a replica. */
-export function replicaObjectKey(serviceKey: string, id: string): string {
-  return `${serviceKey}/${id}`;
-}
 
 export function createSshLoop(o: SshLoopOptions): SshLoop {
   const clock = o.clock ?? systemClock;

@@ -9,7 +9,8 @@ import type { StatusSnapshot } from '../types.js';
 import type { DomainBackoff } from './backoff.js';
 import type { CertCheck, CertInfo } from './certificate.js';
 
-export const TLS_LOOP = 'tls';
+export { TLS_LOOP } from '../outputs.js';
+import { TLS_LOOP } from '../outputs.js';
 
 /** Everything the loop knows about one domain, for status, metrics and dry-run. */
 export interface DomainInfo {
@@ -93,7 +94,7 @@ export function publishedPaths(certsDir: string, domain: string, serial: string)
  */
 export function certForFromStatus(certsDir: string): (domain: string, statuses: StatusSnapshot) => CertPaths | null {
   return (domain, statuses) => {
-    const ready = statuses.loops[TLS_LOOP]?.objects[domain]?.find((c) => c.type === 'Ready');
+    const ready = statuses.loops[TLS_LOOP]?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
     if (ready?.status !== 'True') return null;
     const serial = serialFromMessage(ready.message);
     return serial ? publishedPaths(certsDir, domain, serial) : null;

@@ -55,7 +55,7 @@ describe('Nginx loop: Applied only once the previous workers stopped accepting',
       state = { ...emptyState(), spec: { ...emptyState().spec, projects: [{ name: 'main' }], services: [service({ run: 'web', domain: 'web.gw.test', replicas: [] })] } };
       generation = 2;
       await controller.reconcileAll();
-      const ready = () => controller.statuses().loops.nginx?.objects['web.gw.test']?.find((c) => c.type === 'Ready');
+      const ready = () => controller.statuses().loops.nginx?.objects['web.gw.test']?.conditions.find((c) => c.type === 'Ready');
       expect(ready()).toMatchObject({ status: 'Unknown', reason: 'ReloadUnconfirmed' });
       expect(ready()!.message).toMatch(new RegExp(`pid ${worker}\\) still accept`));
       // A dry run (the PUT's plan) must not consume the confirmation.

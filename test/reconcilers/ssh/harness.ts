@@ -62,7 +62,7 @@ export async function startHarness(initial: ProxyState, opts: Partial<SshLoopOpt
   });
   const controller = new Controller({ loops: [loop as unknown as AnyLoop], getSpec: () => current, logger: pino({ level: 'silent' }) });
   await controller.start();
-  const conditions = (sk: string, id: string): Condition[] | undefined => controller.statuses().loops.ssh?.objects[replicaObjectKey(sk, id)];
+  const conditions = (sk: string, id: string): Condition[] | undefined => controller.statuses().loops.ssh?.objects[replicaObjectKey(sk, id)]?.conditions;
   const ready = (sk: string, id: string): Condition | undefined => conditions(sk, id)?.find((c) => c.type === 'Ready');
   return {
     loop,

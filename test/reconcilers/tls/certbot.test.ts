@@ -60,7 +60,7 @@ describe('certbot timeout', () => {
     const controller = new Controller({ loops: [loop as never], getSpec: () => ({ state, generation: 1 }), clock });
     await controller.start();
     await controller.stop();
-    const ready = controller.statuses().loops.tls?.objects['hang.gw.test']?.find((c) => c.type === 'Ready');
+    const ready = controller.statuses().loops.tls?.objects['hang.gw.test']?.conditions.find((c) => c.type === 'Ready');
     expect(ready).toMatchObject({ status: 'False', reason: 'IssueFailed' });
     expect(ready?.message).toContain('failedAttempts 1');
     expect(ready?.message).toContain('error certbot did not finish within 1 s and was killed');

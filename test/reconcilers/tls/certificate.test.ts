@@ -83,7 +83,7 @@ describe('certForFromStatus', () => {
       tls: {
         conditions: [],
         failures: {},
-        objects: { 'a.gw.test': [{ type: 'Ready', status, reason: 'Issued', message, lastTransitionTime: new Date(0) }] },
+        objects: { 'a.gw.test': { conditions: [{ type: 'Ready', status, reason: 'Issued', message, lastTransitionTime: new Date(0) }] } },
       },
     },
   });

@@ -57,7 +57,7 @@ function rig(o: { pebble: TestPebble; domains: string[]; acme?: Partial<Acme>; s
     logger,
     ...(o.resyncIntervalMs ? { resyncIntervalMs: o.resyncIntervalMs } : {}),
   });
-  const cond = (domain: string, type: 'Ready' | 'Issuing') => controller.statuses().loops.tls?.objects[domain]?.find((c) => c.type === type);
+  const cond = (domain: string, type: 'Ready' | 'Issuing') => controller.statuses().loops.tls?.objects[domain]?.conditions.find((c) => c.type === type);
   return { stateDir, clock, loop, controller, logs, state, cond };
 }
 
@@ -219,7 +219,7 @@ describe('TLS loop when the ACME server is down', () => {
     await controller.start();
     await controller.stop();
     expect(loop.certbotRuns()).toBe(0);
-    const ready = controller.statuses().loops.tls?.objects['nowhere.gw.test']?.find((c) => c.type === 'Ready');
+    const ready = controller.statuses().loops.tls?.objects['nowhere.gw.test']?.conditions.find((c) => c.type === 'Ready');
     expect(ready).toMatchObject({ status: 'False', reason: 'DNSNotReady' });
     expect(ready?.message).toContain('failedAttempts 0');
     expect(ready?.message).toContain('nowhere.gw.test does not resolve (ENOTFOUND)');
