@@ -24,7 +24,7 @@ import ts from 'typescript';
  * @typedef {{ name: string, paths: string[], holds: string, mayImport: string[] }} Layer
  */
 
-/** @type {Layer[]} From the ground up: each layer imports only layers above it in this list. */
+/** @type {Layer[]} From the ground up: a layer imports only layers listed before it, or its own kind. */
 export const LAYERS = [
   {
     name: 'ground',
@@ -433,7 +433,7 @@ export function renderTable(layers = LAYERS) {
     const others = names.filter((n) => n !== l.name && !l.mayImport.includes(n));
     const below = l.mayImport.filter((n) => n !== l.name);
     let may;
-    if (below.length === 0) may = 'nothing in `src/`';
+    if (below.length === 0) may = l.mayImport.includes(l.name) ? 'each other only' : 'nothing in `src/`';
     else if (others.length === 0) may = 'anything';
     else if (others.length <= 2 && below.length > others.length) may = `anything but ${others.join(' and ')}`;
     else {

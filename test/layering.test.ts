@@ -145,6 +145,13 @@ describe('the layer table', () => {
     for (const l of LAYERS) for (const n of l.mayImport) expect(names, `${l.name} may import ${n}`).toContain(n);
   });
 
+  it('lists the layers from the ground up: each imports only layers listed before it, or its own kind', () => {
+    LAYERS.forEach((l, i) => {
+      const before = LAYERS.slice(0, i + 1).map((b) => b.name);
+      for (const n of l.mayImport) expect(before, `${l.name} may import ${n}, listed after it`).toContain(n);
+    });
+  });
+
   it('gives a reason for every known exception', () => {
     for (const k of [...KNOWN_VIOLATIONS, ...KNOWN_CYCLES]) expect(k.why.length, JSON.stringify(k)).toBeGreaterThan(10);
   });
