@@ -6,7 +6,7 @@
 // Messages never contain any part of the key.
 
 import { createHash, createPrivateKey, type KeyObject } from 'node:crypto';
-import { parseKey } from '../reconcilers/ssh/ssh2-runtime.js';
+import { parseKey } from '../ssh2.js';
 
 export type UsableKey = { ok: true; key: string; type: string } | { ok: false; problem: string };
 

@@ -7,7 +7,7 @@ import type { Duplex } from 'node:stream';
 import type { Algorithms, Client as Ssh2Client, ClientChannel } from 'ssh2';
 import type { HostKeyBook } from './host-keys.js';
 import { ackPromptly } from './prompt-ack.js';
-import { Client, ignoreSender } from './ssh2-runtime.js';
+import { Client, ignoreSender } from '../../ssh2.js';
 import type { HopTarget } from './targets.js';
 
 type Client = Ssh2Client;

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Balancer, type Upstream } from '../../../src/reconcilers/ssh/balancer.js';
 import { coalesceWrites } from '../../../src/reconcilers/ssh/ssh-chain.js';
-import { pooledRandomFill } from '../../../src/reconcilers/ssh/ssh2-runtime.js';
+import { pooledRandomFill } from '../../../src/ssh2.js';
 import { tmpDir } from '../../helpers/tmp.js';
 
 describe('pooledRandomFill', () => {

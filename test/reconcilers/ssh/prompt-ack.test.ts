@@ -9,7 +9,7 @@ import type { Client } from 'ssh2';
 import { HostKeyBook } from '../../../src/reconcilers/ssh/host-keys.js';
 import { ackPromptly } from '../../../src/reconcilers/ssh/prompt-ack.js';
 import { connectChain, forwardOut } from '../../../src/reconcilers/ssh/ssh-chain.js';
-import { ignoreSender } from '../../../src/reconcilers/ssh/ssh2-runtime.js';
+import { ignoreSender } from '../../../src/ssh2.js';
 import { close, startEcho } from '../../helpers/http.js';
 import { freePort } from '../../helpers/ports.js';
 import { startSshdChain, type ClientKey, type TestSshd } from '../../helpers/sshd.js';
