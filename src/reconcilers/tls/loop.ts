@@ -17,7 +17,7 @@ import { lookup } from 'node:dns/promises';
 import { chmod, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { ProxyState } from '../../spec/types.js';
-import type { Action, ApplyResult, Loop, LoopContext, MetricFamily, StatusWriter } from '../types.js';
+import type { Action, ApplyResult, Loop, LoopContext, LoopHandle, MetricFamily, StatusWriter } from '../types.js';
 import type { CertificateOutputs } from '../outputs.js';
 import {
   BackoffStore,
@@ -85,6 +85,8 @@ export interface TlsPayload {
 }
 
 export type TlsLoop = Loop<TlsDesired, TlsObserved, TlsPayload> & {
+  /** Keeps the live status: the metric families read it between passes. */
+  start(handle: LoopHandle): void;
   /** The certificate families, over the outputs in the loop's status (empty before start). */
   metrics(): MetricFamily[];
   /** certbot runs so far (for tests: an attempt is spent exactly when this grows). */
