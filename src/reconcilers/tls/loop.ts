@@ -139,11 +139,12 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     key: join(dirs.configDir, 'live', domain, 'privkey.pem'),
   });
 
+  // Outputs first: a reader never sees Ready=True next to the outputs of an older state.
   const report = (ctx: LoopContext, info: DomainInfo): void => {
+    ctx.status.setOutputs(info.domain, certificateOutputsOf(info, certsDir));
     const { ready, issuing } = domainConditions(info);
     ctx.status.set(info.domain, ready);
     ctx.status.set(info.domain, issuing);
-    ctx.status.setOutputs(info.domain, certificateOutputsOf(info, certsDir));
   };
 
   /** The lineage's certificate when it is valid and published (what Nginx serves), else null. */
