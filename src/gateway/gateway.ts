@@ -13,17 +13,17 @@ import { Controller } from '../reconcilers/controller.js';
 import type { Clock } from '../clock.js';
 import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type NginxLoopOptions, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
-import { certForFromStatus, createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
+import { createTlsLoop, TLS_LOOP } from '../reconcilers/tls/index.js';
 import { removeEabLeftovers } from '../reconcilers/tls/certbot.js';
 import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
-import type { AnyLoop, StatusSnapshot } from '../reconcilers/types.js';
+import type { AnyLoop, MetricFamily, StatusSnapshot } from '../reconcilers/types.js';
 import { createStatsCollector } from '../stats/index.js';
 import { authRoutes } from '../api/auth-routes.js';
 import { createControlServerAuth, noServerAuth } from '../auth/index.js';
-import { createMetrics, metricsRoutes, type CertificateMetric, type TunnelMetric } from '../api/metrics.js';
+import { createMetrics, metricsRoutes } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
 import { entrypointClient, fileFirstSeenStore, nginxForwarder, observeModels, registerModelApi } from '../models/index.js';
-import { serviceKey, type ProxyState } from '../spec/index.js';
+import { serviceKey } from '../spec/index.js';
 import { openFileStore } from '../state/file-store.js';
 import type { StateStore, StoredState } from '../state/store.js';
 import { prepareInternalListener, removeStaleSocket } from './internal-listener.js';
@@ -175,7 +175,6 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     test,
     reload,
     view,
-    certFor: certForFromStatus(tlsLoop.certsDir),
     // Every service's upstream is its balancer socket: replica changes need no reload.
     upstreamFor: (service) => ({ kind: 'socket', path: sshLoop.balancer.socketPathFor(serviceKey(service)) }),
     dependsOn: [TLS_LOOP, SSH_LOOP],
@@ -243,13 +242,10 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const stats = createStatsCollector({ accessLogPath: accessLog, logger: logger.child({ component: 'stats' }) });
   const metrics = createMetrics({
     loops: () => controller.counters(),
-    nginx: () => ({ ...nginxLoop.stats, ...(nginx ? { restarts: nginx.info.restarts, staleStopped: nginx.info.staleStopped } : {}) }),
-    nginxConfigHash: () => nginxLoop.stats.configHash,
     generation: () => current.generation,
     services: () => stats.totals(current.state),
     accessLog: () => stats.counters(),
-    tunnels: () => tunnelMetrics(controller.statuses(), sshLoop),
-    certificates: () => certificateMetrics(current.state, tlsLoop),
+    families: [...tlsLoop.metrics(), ...nginxLoop.metrics(), ...tunnelFamilies(() => tunnelMetrics(controller.statuses(), sshLoop))],
   });
   const app = await buildApp({
     runtime,
@@ -325,6 +321,34 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
 }
 
 
+interface TunnelMetric {
+  service: string;
+  replica: string;
+  /** Ready = 1 in dstack_proxy_tunnel_up. */
+  state: string;
+  reconnects: number;
+}
+
+/** The tunnel metric families, until the SSH loop describes its own. */
+function tunnelFamilies(rows: () => TunnelMetric[]): MetricFamily[] {
+  return [
+    {
+      name: 'tunnel_up',
+      help: 'Per replica tunnel: 1 when Ready.',
+      type: 'gauge',
+      labelNames: ['service', 'replica', 'state'],
+      read: () => rows().map((t) => [{ service: t.service, replica: t.replica, state: t.state }, t.state === 'Ready' ? 1 : 0] as const),
+    },
+    {
+      name: 'tunnel_reconnects_total',
+      help: 'Per replica tunnel reconnects.',
+      type: 'counter',
+      labelNames: ['service', 'replica'],
+      read: () => rows().map((t) => [{ service: t.service, replica: t.replica }, t.reconnects] as const),
+    },
+  ];
+}
+
 function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
   const out: TunnelMetric[] = [];
   for (const [key, { conditions }] of Object.entries(statuses.loops[SSH_LOOP]?.objects ?? {})) {
@@ -339,14 +363,6 @@ function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
     });
   }
   return out;
-}
-
-function certificateMetrics(state: ProxyState, tls: TlsLoop): CertificateMetric[] {
-  const domains = [...state.spec.services, ...state.spec.entrypoints].filter((o) => o.https && o.domain).map((o) => o.domain!);
-  return domains.map((domain) => {
-    const info = tls.domainInfo(domain);
-    return { domain, notAfter: info?.cert ? info.cert.notAfter : null, failedAttempts: info?.failedAttempts ?? 0 };
-  });
 }
 
 function certbotDirsUnder(dir: string): { configDir: string; workDir: string; logsDir: string } {

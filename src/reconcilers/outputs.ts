@@ -27,6 +27,8 @@ export type CertificateOutputs = {
   renewalTime: string | null;
   /** Failed issuance attempts since the last success. */
   failedAttempts: number;
+  /** After a failure or a DNS check that failed: no ACME attempt before this; else null. */
+  nextAttemptTime: string | null;
 };
 
 /** The SSH loop's outputs for a service (object key: the service key): where its balancer listens. */

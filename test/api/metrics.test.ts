@@ -8,6 +8,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics, metricsRoutes, type Metrics } from '../../src/api/metrics.js';
 import { startGateway, type Gateway } from '../../src/gateway/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
+import { nginxMetricFamilies } from '../../src/reconcilers/nginx/loop.js';
+import type { CertificateOutputs } from '../../src/reconcilers/outputs.js';
+import { StatusStore } from '../../src/reconcilers/status.js';
+import { createTlsLoop } from '../../src/reconcilers/tls/index.js';
+import type { MetricFamily, MetricSample, StatusWriter } from '../../src/reconcilers/types.js';
 import { createStatsCollector, type StatsCollector } from '../../src/stats/index.js';
 import { close, request, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
@@ -65,9 +70,14 @@ let httpPort: number;
 let sc: StatsCollector;
 let metrics: Metrics;
 let app: FastifyInstance;
+/** The status of a TLS loop of our own, whose families the metrics below register. */
+let tlsStatus: StatusWriter;
+/** Rows of loop families that have nothing to report at assembly. */
+let tunnelRows: MetricSample[] = [];
+let reconnectRows: MetricSample[] = [];
 
-async function scrape(): Promise<{ types: Map<string, string>; value: (name: string, labels?: Record<string, string>) => number | undefined }> {
-  const r = await app.inject({ method: 'GET', url: '/metrics' });
+async function scrape(target: { inject: FastifyInstance['inject'] } = app): Promise<{ types: Map<string, string>; value: (name: string, labels?: Record<string, string>) => number | undefined }> {
+  const r = await target.inject({ method: 'GET', url: '/metrics' });
   expect(r.statusCode).toBe(200);
   expect(r.headers['content-type']).toMatch(/^text\/plain; version=0\.0\.4/);
   const { types, samples } = parseExposition(r.body);
@@ -106,12 +116,19 @@ beforeAll(async () => {
   });
   gw = await startGateway(options);
   sc = createStatsCollector({ accessLogPath: gw.paths.accessLog, startAt: 'start' });
+  const tls = createTlsLoop({ stateDir: join(tmp.dir, 'tls'), acmeWebroot: join(tmp.dir, 'acme') });
+  tlsStatus = new StatusStore({ now: Date.now, generation: () => 1, onChange: () => {} }).writer();
+  tls.start({ status: tlsStatus, trigger: () => {} });
+  const tunnels: MetricFamily[] = [
+    { name: 'tunnel_up', help: 'Per replica tunnel: 1 when Ready.', type: 'gauge', labelNames: ['service', 'replica', 'state'], read: () => tunnelRows },
+    { name: 'tunnel_reconnects_total', help: 'Per replica tunnel reconnects.', type: 'counter', labelNames: ['service', 'replica'], read: () => reconnectRows },
+  ];
   metrics = createMetrics({
     loops: () => gw.controller.counters(),
-    nginx: () => gw.nginxStats,
     generation: async () => (await gw.store.read()).generation,
     services: async () => sc.totals((await gw.store.read()).state),
     accessLog: () => sc.counters(),
+    families: [...nginxMetricFamilies(() => gw.nginxStats), ...tls.metrics(), ...tunnels],
   });
   app = Fastify();
   await app.register(metricsRoutes, { metrics });
@@ -142,6 +159,31 @@ describe('GET /metrics', () => {
     }
     expect(m.value('dstack_proxy_reconcile_passes_total', { loop: 'nginx' })).toBeGreaterThanOrEqual(1);
     expect(m.value('dstack_proxy_document_generation')).toBe(0);
+
+    // The gateway's own /metrics registers every loop's families.
+    const own = await scrape(gw.app);
+    for (const [name, type] of [
+      ['dstack_proxy_reconcile_passes_total', 'counter'],
+      ['dstack_proxy_nginx_reloads_total', 'counter'],
+      ['dstack_proxy_nginx_reload_failures_total', 'counter'],
+      ['dstack_proxy_nginx_last_reload_success_timestamp_seconds', 'gauge'],
+      ['dstack_proxy_nginx_files_written_total', 'counter'],
+      ['dstack_proxy_nginx_reloads_deferred_total', 'counter'],
+      ['dstack_proxy_nginx_restarts_total', 'counter'],
+      ['dstack_proxy_nginx_stale_processes_stopped_total', 'counter'],
+      ['dstack_proxy_nginx_config_info', 'gauge'],
+      ['dstack_proxy_document_generation', 'gauge'],
+      ['dstack_proxy_service_requests_total', 'counter'],
+      ['dstack_proxy_access_log_lines_total', 'counter'],
+      ['dstack_proxy_tunnel_up', 'gauge'],
+      ['dstack_proxy_tunnel_reconnects_total', 'counter'],
+      ['dstack_proxy_certificate_expiry_timestamp_seconds', 'gauge'],
+      ['dstack_proxy_certificate_failed_attempts_total', 'counter'],
+    ]) {
+      expect(own.types.get(name!), name).toBe(type);
+    }
+    expect(own.value('dstack_proxy_nginx_restarts_total')).toBe(0);
+    expect(own.value('dstack_proxy_nginx_config_info', { hash: gw.nginxStats.configHash! })).toBe(1);
   });
 
   it('a new document → one reload → reload counter +1, generation +1; requests move the service counter', async () => {
@@ -171,13 +213,30 @@ describe('GET /metrics', () => {
     expect(moved.value('dstack_proxy_access_log_lines_total')).toBeGreaterThanOrEqual(7);
   });
 
-  it('tunnel and certificate sources set later show up at the next scrape', async () => {
-    metrics.sources.tunnels = () => [{ service: 'main/alpha', replica: 'r1', state: 'Ready', reconnects: 2 }];
-    metrics.sources.certificates = () => [{ domain: 'alpha.gw.test', notAfter: Date.UTC(2030, 0, 1), failedAttempts: 1 }];
+  it('what loops publish after assembly shows up at the next scrape', async () => {
+    const before = await scrape();
+    expect(before.value('dstack_proxy_tunnel_up', { service: 'main/alpha', replica: 'r1' })).toBeUndefined();
+    expect(before.value('dstack_proxy_certificate_failed_attempts_total', { domain: 'alpha.gw.test' })).toBeUndefined();
+    tunnelRows = [[{ service: 'main/alpha', replica: 'r1', state: 'Ready' }, 1]];
+    reconnectRows = [[{ service: 'main/alpha', replica: 'r1' }, 2]];
+    const cert: CertificateOutputs = {
+      serial: 'AB01',
+      certPath: '/c/alpha/AB01/fullchain.pem',
+      keyPath: '/c/alpha/AB01/privkey.pem',
+      notAfter: new Date(Date.UTC(2030, 0, 1)).toISOString(),
+      renewalTime: new Date(Date.UTC(2029, 9, 1)).toISOString(),
+      failedAttempts: 1,
+      nextAttemptTime: null,
+    };
+    tlsStatus.setOutputs('alpha.gw.test', cert);
+    tlsStatus.setOutputs('pending.gw.test', { ...cert, serial: null, certPath: null, keyPath: null, notAfter: null, renewalTime: null, failedAttempts: 3 });
     const m = await scrape();
     expect(m.value('dstack_proxy_tunnel_up', { service: 'main/alpha', replica: 'r1' })).toBe(1);
     expect(m.value('dstack_proxy_tunnel_reconnects_total', { replica: 'r1' })).toBe(2);
     expect(m.value('dstack_proxy_certificate_expiry_timestamp_seconds', { domain: 'alpha.gw.test' })).toBe(Date.UTC(2030, 0, 1) / 1000);
     expect(m.value('dstack_proxy_certificate_failed_attempts_total', { domain: 'alpha.gw.test' })).toBe(1);
+    // No certificate served: no expiry, but its failed attempts.
+    expect(m.value('dstack_proxy_certificate_expiry_timestamp_seconds', { domain: 'pending.gw.test' })).toBeUndefined();
+    expect(m.value('dstack_proxy_certificate_failed_attempts_total', { domain: 'pending.gw.test' })).toBe(3);
   });
 });

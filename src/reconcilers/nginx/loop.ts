@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto';
 import { TerminalError } from '../../errors.js';
 import type { ProxyState, Service } from '../../spec/types.js';
-import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot } from '../types.js';
+import type { Action, BatchOutcome, Loop, LoopContext, MetricFamily, StatusSnapshot } from '../types.js';
 import { applyFiles, readOwned, removeApplyLeftovers, unifiedDiff, type FilePlan } from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
 import type { NginxProcessInfo, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
@@ -14,7 +14,7 @@ import { renderAll } from './render.js';
 import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
 
 export { NGINX_LOOP } from '../outputs.js';
-import { NGINX_LOOP } from '../outputs.js';
+import { certificateOutputs, NGINX_LOOP, TLS_LOOP } from '../outputs.js';
 
 export interface NginxLoopOptions {
   /** The managed conf dir (global file + sites/), included by the main conf. */
@@ -23,8 +23,13 @@ export interface NginxLoopOptions {
   view: Omit<ViewOptions, 'certFor' | 'upstreamFor'>;
   test: (confPath: string) => Promise<TestResult>;
   reload: () => Promise<ReloadOutcome>;
-  /** Certificates that are Ready, from the TLS loop's status; default: none yet. */
-  certFor?: (domain: string, statuses: StatusSnapshot) => CertPaths | null;
+  /**
+   * Where a service's traffic goes; default its direct replicas. Given by the composition root,
+   * not read from the SSH loop's status: a balancer socket's path is a pure function of the
+   * socket dir (which the root hands to both loops) and the service key, and never changes for
+   * a service, so reading it from status would only add a dependency on a status this loop is
+   * deliberately not triggered by (tunnels going up and down must not run Nginx passes).
+   */
   upstreamFor?: (service: Service) => UpstreamTarget;
   /** Test hook: rewrite a rendered file before it is planned (inject a broken site). */
   renderHook?: (fileName: string, text: string) => string;
@@ -79,7 +84,75 @@ interface Observed {
   foreign: Set<string>;
 }
 
-export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats } {
+/**
+ * The certificate a domain is served with (pure): the TLS loop's published copy, once its
+ * outputs name one and its Ready is True; null renders the site HTTP only.
+ */
+export function certFromTlsOutputs(domain: string, statuses: StatusSnapshot): CertPaths | null {
+  const out = certificateOutputs(statuses, domain);
+  if (!out?.serial || !out.certPath || !out.keyPath) return null;
+  const ready = statuses.loops[TLS_LOOP]?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
+  return ready?.status === 'True' ? { certPath: out.certPath, keyPath: out.keyPath } : null;
+}
+
+/**
+ * The Nginx metric families: the loop's reload figures and the applied config's hash, plus the
+ * private master's restarts when there is one (`supervisor`).
+ */
+export function nginxMetricFamilies(stats: () => NginxLoopStats, supervisor?: () => NginxProcessInfo): MetricFamily[] {
+  const one = (v: number | undefined) => (v === undefined ? [] : [[{}, v] as const]);
+  return [
+    { name: 'nginx_reloads_total', help: 'Successful Nginx reloads.', type: 'counter', labelNames: [], read: () => one(stats().reloads) },
+    {
+      name: 'nginx_reload_failures_total',
+      help: 'Nginx reloads that failed (the previous config kept serving).',
+      type: 'counter',
+      labelNames: [],
+      read: () => one(stats().reloadFailures),
+    },
+    {
+      name: 'nginx_last_reload_success_timestamp_seconds',
+      help: 'When Nginx last reloaded successfully (0: never).',
+      type: 'gauge',
+      labelNames: [],
+      read: () => one((stats().lastReloadAt ?? 0) / 1000),
+    },
+    { name: 'nginx_files_written_total', help: 'Nginx config files written.', type: 'counter', labelNames: [], read: () => one(stats().filesWritten) },
+    {
+      name: 'nginx_reloads_deferred_total',
+      help: 'Change batches that waited for the minimum interval between reloads, to go in with the changes made meanwhile.',
+      type: 'counter',
+      labelNames: [],
+      read: () => one(stats().reloadsDeferred),
+    },
+    {
+      name: 'nginx_restarts_total',
+      help: 'Restarts of the private Nginx master after it exited unexpectedly.',
+      type: 'counter',
+      labelNames: [],
+      read: () => one(supervisor?.().restarts),
+    },
+    {
+      name: 'nginx_stale_processes_stopped_total',
+      help: 'Leftover Nginx processes of the private prefix (of a killed gateway or master) stopped before a start.',
+      type: 'counter',
+      labelNames: [],
+      read: () => one(supervisor?.().staleStopped),
+    },
+    {
+      name: 'nginx_config_info',
+      help: 'The hash of the applied Nginx config (value always 1).',
+      type: 'gauge',
+      labelNames: ['hash'],
+      read: () => {
+        const hash = stats().configHash;
+        return hash ? [[{ hash }, 1] as const] : [];
+      },
+    },
+  ];
+}
+
+export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats; metrics(): MetricFamily[] } {
   const stats: NginxLoopStats = {
     configHash: null,
     reloads: 0,
@@ -115,11 +188,12 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
   return {
     name: NGINX_LOOP,
     stats,
+    metrics: () => nginxMetricFamilies(() => stats, o.supervisor),
     ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
     ...(o.triggeredBy ? { triggeredBy: o.triggeredBy } : {}),
 
     desired(spec: ProxyState, statuses: StatusSnapshot): Map<string, string> {
-      const certFor = o.certFor ? (d: string) => o.certFor!(d, statuses) : () => null;
+      const certFor = (d: string) => certFromTlsOutputs(d, statuses);
       const view = JSON.stringify(o.view);
       if (last?.spec === spec && last.view === view && sameInputs(last, certFor)) return last.files;
       // Render, noting what each certFor / upstreamFor call answered.

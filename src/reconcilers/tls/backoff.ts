@@ -69,24 +69,47 @@ export function delayAfter(failures: number, schedule: readonly number[] = TLS_B
   return schedule[i] ?? 24 * HOUR;
 }
 
-/** When the next ACME attempt for a domain may start (pure); `now` when it may start at once. */
+/**
+ * The failure schedule's hold (pure): no attempt before the entry's nextAttemptTime. A schedule
+ * built against other ACME settings does not hold (the failures were against those), except a
+ * DNS re-check: the name does not resolve whatever the server.
+ */
+export function scheduleHold(entry: DomainBackoff | undefined, acmeKey: string): number | null {
+  if (entry?.nextAttemptTime === undefined) return null;
+  const sameSettings = entry.acmeKey === undefined || entry.acmeKey === acmeKey;
+  return sameSettings || entry.lastReason === 'DNSNotReady' ? entry.nextAttemptTime : null;
+}
+
+/** The per-domain hourly limit's hold (pure): when the oldest attempt of a full window leaves it. */
+export function hourlyHold(entry: DomainBackoff | undefined, now: number, limits: Limits = DEFAULT_LIMITS): number | null {
+  const recent = (entry?.attempts ?? []).filter((t) => t > now - DOMAIN_WINDOW_MS).sort((a, b) => a - b);
+  return recent.length >= limits.maxPerDomainPerHour ? recent[recent.length - limits.maxPerDomainPerHour]! + DOMAIN_WINDOW_MS : null;
+}
+
+/** The all-domains order limit's hold (pure): when the oldest order of a full 3 h window leaves it. */
+export function orderHold(orders: readonly number[], now: number, limits: Limits = DEFAULT_LIMITS): number | null {
+  const recent = orders.filter((t) => t > now - ORDER_WINDOW_MS).sort((a, b) => a - b);
+  return recent.length >= limits.maxOrdersPer3h ? recent[recent.length - limits.maxOrdersPer3h]! + ORDER_WINDOW_MS : null;
+}
+
+/**
+ * When the next ACME attempt for a domain may start (pure): the latest of the three holds, or
+ * `now` when none holds it back. On a tie the first of schedule, hourly, orders names the reason.
+ */
 export function nextAllowed(entry: DomainBackoff | undefined, orders: readonly number[], acmeKey: string, now: number, limits: Limits = DEFAULT_LIMITS): { at: number; why: 'none' | 'backoff' | 'hourly' | 'orders' } {
   let at = now;
   let why: 'none' | 'backoff' | 'hourly' | 'orders' = 'none';
-  const bump = (t: number, w: typeof why): void => {
-    if (t > at) {
+  const holds = [
+    [scheduleHold(entry, acmeKey), 'backoff'],
+    [hourlyHold(entry, now, limits), 'hourly'],
+    [orderHold(orders, now, limits), 'orders'],
+  ] as const;
+  for (const [t, w] of holds) {
+    if (t !== null && t > at) {
       at = t;
       why = w;
     }
-  };
-  if (entry) {
-    const sameSettings = entry.acmeKey === undefined || entry.acmeKey === acmeKey;
-    if (entry.nextAttemptTime !== undefined && (sameSettings || entry.lastReason === 'DNSNotReady')) bump(entry.nextAttemptTime, 'backoff');
-    const recent = entry.attempts.filter((t) => t > now - DOMAIN_WINDOW_MS).sort((a, b) => a - b);
-    if (recent.length >= limits.maxPerDomainPerHour) bump(recent[recent.length - limits.maxPerDomainPerHour]! + DOMAIN_WINDOW_MS, 'hourly');
   }
-  const recentOrders = orders.filter((t) => t > now - ORDER_WINDOW_MS).sort((a, b) => a - b);
-  if (recentOrders.length >= limits.maxOrdersPer3h) bump(recentOrders[recentOrders.length - limits.maxOrdersPer3h]! + ORDER_WINDOW_MS, 'orders');
   return { at, why };
 }
 

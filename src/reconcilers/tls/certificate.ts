@@ -1,7 +1,7 @@
-// What counts as having a certificate: the files exist, parse as X.509
-// (node:crypto), cover the domain, match the key, and are not expired — and when it is due for
-// renewal: once two thirds of its lifetime have passed (cert-manager's default policy).
-// Everything here is pure except readCertificate, which only reads two files.
+// What counts as having a certificate: the files exist, parse as X.509 (node:crypto), cover
+// the domain, match the key, and are not expired; and when it is due for renewal (renewalTime:
+// two thirds of its lifetime, cert-manager's default; policies.ts acts on it). Everything here
+// is pure except readCertificate, which only reads two files.
 
 import { createPrivateKey, X509Certificate } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
@@ -64,26 +64,6 @@ export async function readCertificate(certPath: string, keyPath: string, domain:
     return { ok: false, reason: 'Invalid', message: `cannot read the certificate: ${messageOf(err)}` };
   }
   return { ...checkCertificate(certPem, keyPem, domain, now), certPem, keyPem };
-}
-
-/** Why a certificate needs issuing or renewing at `now`, or null when it doesn't. */
-export type RenewalCheck = (check: CertCheck, now: number) => { reason: string; message: string } | null;
-
-export const renewalChecks: readonly RenewalCheck[] = [
-  (c) => (c.ok ? null : { reason: c.reason, message: c.message }),
-  (c, now) =>
-    c.ok && now >= c.info.renewalTime
-      ? { reason: 'RenewalDue', message: `two thirds of the lifetime passed at ${new Date(c.info.renewalTime).toISOString()}` }
-      : null,
-];
-
-/** The first check that fires, or null: the certificate is fine as it is. */
-export function needsIssuing(check: CertCheck, now: number): { reason: string; message: string } | null {
-  for (const f of renewalChecks) {
-    const r = f(check, now);
-    if (r) return r;
-  }
-  return null;
 }
 
 function messageOf(err: unknown): string {

@@ -1,6 +1,16 @@
 export { createTlsLoop, httpsDomains, acmeKeyOf, type TlsLoop, type TlsLoopOptions, type TlsDesired, type TlsObserved, type TlsPayload } from './loop.js';
-export { certForFromStatus, publishedPaths, serialFromMessage, domainConditions, TLS_LOOP, type DomainInfo } from './status.js';
-export { checkCertificate, readCertificate, needsIssuing, renewalTime, RENEW_AFTER_FRACTION, type CertInfo, type CertCheck } from './certificate.js';
+export { publishedPaths, certificateOutputsOf, domainConditions, TLS_LOOP, type DomainInfo, type PublishedPaths } from './status.js';
+export { checkCertificate, readCertificate, renewalTime, RENEW_AFTER_FRACTION, type CertInfo, type CertCheck } from './certificate.js';
+export {
+  decide,
+  needsIssuing,
+  triggerPolicies,
+  holdPolicies,
+  type Decision,
+  type DomainInput,
+  type Hold,
+  type Trigger,
+} from './policies.js';
 export { CertbotRunner, certbotArgs, errorLine, scrub, secret, DEFAULT_CERTBOT_TIMEOUT_MS, type AcmeSettings, type CertbotDirs, type Secret } from './certbot.js';
 export {
   TLS_BACKOFF_SCHEDULE_MS,

@@ -1,20 +1,24 @@
 // The TLS loop: a certificate per `https: true` domain from the document's ACME server.
 //
 // desired  = the https domains and the ACME settings (pure)
-// observe  = certbot's lineages, the published copies, the persisted backoff; writes each
-//            tracked domain's Ready/Issuing conditions
-// plan     = issue (no valid certificate) | renew (2/3 of the lifetime passed) | publish (a
-//            valid lineage not yet copied where Nginx reads it) | delete (the domain left) (pure)
-// apply    = 1. backoff and rate limits → 2. DNS pre-flight → 3. certbot → 4. check the files
-//            → 5. publish and report. A failure is recorded in the backoff file and the action
-//            comes back when the schedule allows (requeueAfterMs), never sooner.
+// observe  = gathers what decides each domain: certbot's lineages, the published copies, the
+//            persisted backoff; reports each tracked domain (conditions for people, typed
+//            CertificateOutputs for Nginx, metrics and the CLI)
+// plan     = per domain, the pure policies of policies.ts: issue (no valid certificate) | renew
+//            (2/3 of the lifetime passed) | wait (a backoff, DNS re-check or rate limit holds it:
+//            the action only comes back at the end of the hold) | publish (a valid lineage not
+//            yet copied where Nginx reads it); delete for a domain that left (pure)
+// apply    = issue/renew: DNS pre-flight → certbot → check the files → publish and report. A
+//            failure is recorded in the backoff file, and the action comes back when the
+//            schedule allows (requeueAfterMs), never sooner.
 
 import { createHash } from 'node:crypto';
 import { lookup } from 'node:dns/promises';
 import { chmod, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { ProxyState } from '../../spec/types.js';
-import type { Action, ApplyResult, Loop, LoopContext } from '../types.js';
+import type { Action, ApplyResult, Loop, LoopContext, LoopHandle, MetricFamily, StatusWriter } from '../types.js';
+import type { CertificateOutputs } from '../outputs.js';
 import {
   BackoffStore,
   DEFAULT_LIMITS,
@@ -22,14 +26,16 @@ import {
   DNS_RETRY_MS,
   attemptsInNextHour,
   nextAllowed,
+  orderHold,
   recordDnsNotReady,
   recordFailure,
   type BackoffFile,
   type Limits,
 } from './backoff.js';
 import { CertbotRunner, secret, type AcmeSettings, type CertbotDirs } from './certbot.js';
-import { needsIssuing, readCertificate, type CertCheck } from './certificate.js';
-import { TLS_LOOP, domainConditions, domainInfo, publishedPaths, type DomainInfo } from './status.js';
+import { readCertificate, type CertCheck } from './certificate.js';
+import { decide, type DomainInput, type Trigger } from './policies.js';
+import { TLS_LOOP, certificateOutputsOf, domainConditions, domainInfo, publishedPaths, type DomainInfo } from './status.js';
 
 export interface TlsLoopOptions {
   /** The gateway's state dir: tls-backoff.json, certbot/ and tls-certs/ go here. */
@@ -71,18 +77,21 @@ export interface TlsObserved {
 
 export interface TlsPayload {
   domain: string;
+  /** issue / renew: the settings to request it with. */
   acme?: AcmeSettings;
   acmeKey?: string;
+  /** wait: the end of the hold (epoch ms). */
+  until?: number;
 }
 
 export type TlsLoop = Loop<TlsDesired, TlsObserved, TlsPayload> & {
-  /** The figures of one domain as last seen (serial, notAfter, renewalTime, failures …). */
-  domainInfo(domain: string): DomainInfo | undefined;
-  /** Where published certificates live (for certForFromStatus). */
-  readonly certsDir: string;
-  /** certbot runs so far. */
+  /** Keeps the live status: the metric families read it between passes. */
+  start(handle: LoopHandle): void;
+  /** The certificate families, over the outputs in the loop's status (empty before start). */
+  metrics(): MetricFamily[];
+  /** certbot runs so far (for tests: an attempt is spent exactly when this grows). */
   certbotRuns(): number;
-  /** Writes of tls-backoff.json so far. */
+  /** Writes of tls-backoff.json so far (for tests: a pass writes it at most once). */
   backoffWrites(): number;
 };
 
@@ -122,18 +131,27 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     ...(o.env ? { env: o.env } : {}),
   });
   const backoff = new BackoffStore(join(o.stateDir, 'tls-backoff.json'));
-  const infos = new Map<string, DomainInfo>();
+  /** The live status, for the metric families (read between passes). */
+  let live: StatusWriter | null = null;
 
   const lineagePaths = (domain: string) => ({
     cert: join(dirs.configDir, 'live', domain, 'fullchain.pem'),
     key: join(dirs.configDir, 'live', domain, 'privkey.pem'),
   });
 
+  // Outputs first: a reader never sees Ready=True next to the outputs of an older state.
   const report = (ctx: LoopContext, info: DomainInfo): void => {
-    infos.set(info.domain, info);
+    ctx.status.setOutputs(info.domain, certificateOutputsOf(info, certsDir));
     const { ready, issuing } = domainConditions(info);
     ctx.status.set(info.domain, ready);
     ctx.status.set(info.domain, issuing);
+  };
+
+  /** The lineage's certificate when it is valid and published (what Nginx serves), else null. */
+  const served = async (domain: string, now: number): Promise<CertCheck | null> => {
+    const p = lineagePaths(domain);
+    const c = await readCertificate(p.cert, p.key, domain, now);
+    return c.ok && (await exists(publishedPaths(certsDir, domain, c.info.serial).certPath)) ? c : null;
   };
 
   const publish = async (domain: string, serial: string, certPem: string, keyPem: string): Promise<void> => {
@@ -156,9 +174,80 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     for (const { e } of dated.slice(2)) if (e !== serial) await rm(join(certsDir, domain, e), { recursive: true, force: true });
   };
 
+  /** Why `domain` cannot pass HTTP-01 now (it does not resolve), or null. */
+  const dnsProblem = async (domain: string): Promise<string | null> => {
+    if (!dnsPreflight) return null;
+    try {
+      await resolveName(domain);
+      return null;
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      return `${domain} does not resolve${code ? ` (${code})` : ''}; point its DNS at the gateway`;
+    }
+  };
+
+  /** An issue or renew action: the DNS pre-flight, then one certbot run. */
+  const attempt = async (domain: string, renew: boolean, acme: AcmeSettings, acmeKey: string, ctx: LoopContext): Promise<ApplyResult> => {
+    const now = ctx.clock.now();
+    // The one fact the plan cannot settle alone: the order budget is shared by every domain,
+    // and the attempts of this same pass spend it while the plan's actions are applied.
+    const data = await backoff.load();
+    const budget = orderHold(data.orders, now, limits);
+    if (budget !== null && budget > now) {
+      report(ctx, domainInfo(domain, await served(domain, now), data.domains[domain], false));
+      return { requeueAfterMs: budget - now };
+    }
+    // A name that does not resolve can't pass HTTP-01: spend no attempt, look again soon.
+    const error = await dnsProblem(domain);
+    if (error !== null) {
+      // Written once at the end of the pass (afterActions), with every other domain's.
+      await backoff.change((d) => {
+        d.domains[domain] = recordDnsNotReady(d.domains[domain], { at: now, error, acmeKey });
+      }, now);
+      report(ctx, domainInfo(domain, await served(domain, ctx.clock.now()), await backoff.get(domain), false));
+      return { requeueAfterMs: DNS_RETRY_MS };
+    }
+    return runCertbot(domain, renew, acme, acmeKey, ctx);
+  };
+
+  /**
+   * One certbot run, one at a time; the attempt counts from here on, whatever its outcome.
+   * --force-renewal always: whether a certificate is due is decided by the plan, not certbot.
+   * What counts is a valid certificate on disk (a new one when renewing), not the exit code.
+   */
+  const runCertbot = async (domain: string, renew: boolean, acme: AcmeSettings, acmeKey: string, ctx: LoopContext): Promise<ApplyResult> => {
+    const start = ctx.clock.now();
+    const before = await served(domain, start);
+    await backoff.update((d) => d.orders.push(start), start);
+    report(ctx, domainInfo(domain, before, await backoff.get(domain), true));
+    const result = await certbot.run({ domain, acme, webroot: o.acmeWebroot, dirs, force: true });
+    const now = ctx.clock.now();
+    const p = lineagePaths(domain);
+    const c = await readCertificate(p.cert, p.key, domain, now);
+    const fresh = c.ok && !(renew && before?.ok && before.info.serial === c.info.serial);
+    if (result.ok && fresh) {
+      await publish(domain, c.info.serial, c.certPem!, c.keyPem!);
+      await backoff.update((d) => {
+        const prev = d.domains[domain]?.attempts ?? [];
+        d.domains[domain] = { failedAttempts: 0, attempts: [...prev.filter((t) => t > now - DOMAIN_WINDOW_MS), start] };
+      }, now);
+      ctx.logger.info({ domain, serial: c.info.serial, durationMs: result.durationMs }, `certificate for ${domain} issued`);
+      report(ctx, domainInfo(domain, c, await backoff.get(domain), false));
+      return requeueUntil(c.info.renewalTime, now);
+    }
+    const error = result.ok ? `certbot succeeded but left no new usable certificate: ${c.ok ? `serial ${c.info.serial} unchanged` : c.message}` : result.error;
+    await backoff.update((d) => {
+      d.domains[domain] = recordFailure(d.domains[domain], { at: start, finishedAt: now, error, acmeKey }, limits);
+    }, now);
+    const entry = await backoff.get(domain);
+    ctx.logger.warn({ domain, error, failedAttempts: entry?.failedAttempts, nextAttemptTime: entry?.nextAttemptTime }, `certificate for ${domain} not issued`);
+    report(ctx, domainInfo(domain, await served(domain, now), entry, false));
+    const retry = nextAllowed(entry, (await backoff.load()).orders, acmeKey, now, limits);
+    return { requeueAfterMs: Math.max(1_000, retry.at - now) };
+  };
+
   const loop: TlsLoop = {
     name: TLS_LOOP,
-    certsDir,
     certbotRuns: () => certbot.runs,
     backoffWrites: () => backoff.writes,
     // Nginx reads only what this loop has observed (the certificates on disk): it never waits
@@ -167,10 +256,12 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     // DNS checks use getaddrinfo on libuv's small thread pool, which file I/O shares: two at
     // a time leave room for the other loops when the resolver is slow.
     concurrency: 2,
-    domainInfo: (domain) => {
-      const i = infos.get(domain);
-      return i ? structuredClone(i) : undefined;
+
+    start(handle) {
+      live = handle.status;
     },
+
+    metrics: () => certificateMetricFamilies(() => live),
 
     desired(spec: ProxyState): TlsDesired {
       const a = spec.spec.acme;
@@ -205,30 +296,12 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     },
 
     plan(desired: TlsDesired, observed: TlsObserved): Action<TlsPayload>[] {
-      const { now } = observed;
       const actions: Action<TlsPayload>[] = [];
-      const want = new Set(desired.domains);
       for (const domain of desired.domains) {
-        const check = observed.lineages.get(domain) ?? { ok: false as const, reason: 'Missing' as const, message: 'no certificate yet' };
-        const need = needsIssuing(check, now);
-        if (need) {
-          const entry = observed.backoff.domains[domain];
-          const next = nextAllowed(entry, observed.backoff.orders, desired.acmeKey, now, limits);
-          const allowed = attemptsInNextHour(entry, desired.acmeKey, now, limits);
-          const when = next.at > now ? `next attempt at ${new Date(next.at).toISOString()}` : 'now';
-          const kind = check.ok ? 'renew' : 'issue';
-          actions.push({
-            key: domain,
-            kind,
-            summary: `${kind === 'renew' ? 'renew the certificate' : 'request a certificate'} for ${domain} from ${desired.acme.server} (${need.message}); ${when}; backoff allows ${allowed} attempt(s) in the next hour`,
-            payload: { domain, acme: desired.acme, acmeKey: desired.acmeKey },
-          });
-          continue;
-        }
-        if (check.ok && !observed.published.get(domain)?.has(check.info.serial)) {
-          actions.push({ key: domain, kind: 'publish', summary: `serve the existing certificate for ${domain} (serial ${check.info.serial})`, payload: { domain } });
-        }
+        const action = actionFor(domainInput(domain, desired, observed, limits), desired, limits);
+        if (action) actions.push(action);
       }
+      const want = new Set(desired.domains);
       for (const domain of trackedDomains(observed.published, observed.backoff)) {
         if (!want.has(domain)) actions.push({ key: domain, kind: 'delete', summary: `stop serving the certificate for ${domain}`, payload: { domain } });
       }
@@ -241,93 +314,111 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
 
     async apply(action: Action<TlsPayload>, ctx: LoopContext): Promise<ApplyResult> {
       const { domain } = action.payload;
-      if (action.kind === 'delete') {
-        await rm(join(certsDir, domain), { recursive: true, force: true });
-        const now = ctx.clock.now();
-        await backoff.change((d) => {
-          const e = d.domains[domain];
-          if (!e) return;
-          if (e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) e.removed = true; // its attempts still count
-          else delete d.domains[domain];
-        }, now);
-        ctx.status.delete(domain);
-        infos.delete(domain);
-        return 'done';
+      switch (action.kind) {
+        case 'delete': {
+          await rm(join(certsDir, domain), { recursive: true, force: true });
+          const now = ctx.clock.now();
+          await backoff.change((d) => {
+            const e = d.domains[domain];
+            if (!e) return;
+            if (e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) e.removed = true; // its attempts still count
+            else delete d.domains[domain];
+          }, now);
+          ctx.status.delete(domain);
+          return 'done';
+        }
+        case 'publish': {
+          const p = lineagePaths(domain);
+          const c = await readCertificate(p.cert, p.key, domain, ctx.clock.now());
+          if (!c.ok) throw new Error(`the certificate for ${domain} is no longer usable: ${c.message}`);
+          await publish(domain, c.info.serial, c.certPem!, c.keyPem!);
+          report(ctx, domainInfo(domain, c, await backoff.get(domain), false));
+          return requeueUntil(c.info.renewalTime, ctx.clock.now());
+        }
+        case 'wait': {
+          // Nothing to do but come back when the hold ends; say where the domain stands
+          // (a domain back in the document after a removal is not tracked by observe yet).
+          const now = ctx.clock.now();
+          report(ctx, domainInfo(domain, await served(domain, now), await backoff.get(domain), false));
+          return { requeueAfterMs: Math.max(0, action.payload.until! - now) };
+        }
+        default:
+          return attempt(domain, action.kind === 'renew', action.payload.acme!, action.payload.acmeKey!, ctx);
       }
-      if (action.kind === 'publish') {
-        const p = lineagePaths(domain);
-        const c = await readCertificate(p.cert, p.key, domain, ctx.clock.now());
-        if (!c.ok) throw new Error(`the certificate for ${domain} is no longer usable: ${c.message}`);
-        await publish(domain, c.info.serial, c.certPem!, c.keyPem!);
-        report(ctx, domainInfo(domain, c, await backoff.get(domain), false));
-        return requeueUntil(c.info.renewalTime, ctx.clock.now());
-      }
-      return issue(domain, action.kind === 'renew', action.payload.acme!, action.payload.acmeKey!, ctx);
     },
   };
 
-  async function issue(domain: string, renew: boolean, acme: AcmeSettings, acmeKey: string, ctx: LoopContext): Promise<ApplyResult> {
-    const p = lineagePaths(domain);
-    const current = async (): Promise<CertCheck | null> => {
-      const c = await readCertificate(p.cert, p.key, domain, ctx.clock.now());
-      return c.ok && (await exists(publishedPaths(certsDir, domain, c.info.serial).certPath)) ? c : null;
-    };
-    // 1. Backoff and rate limits: not before the schedule allows.
-    let now = ctx.clock.now();
-    const data = await backoff.load();
-    const next = nextAllowed(data.domains[domain], data.orders, acmeKey, now, limits);
-    if (next.at > now) {
-      report(ctx, domainInfo(domain, await current(), data.domains[domain], false));
-      return { requeueAfterMs: next.at - now };
-    }
-    // 2. DNS pre-flight: a name that does not resolve can't pass HTTP-01; spend no attempt.
-    if (dnsPreflight) {
-      try {
-        await resolveName(domain);
-      } catch (err) {
-        const code = (err as NodeJS.ErrnoException).code;
-        const error = `${domain} does not resolve${code ? ` (${code})` : ''}; point its DNS at the gateway`;
-        // Written once at the end of the pass (afterActions), with every other domain's.
-        await backoff.change((d) => {
-          d.domains[domain] = recordDnsNotReady(d.domains[domain], { at: now, error, acmeKey });
-        }, now);
-        report(ctx, domainInfo(domain, await current(), await backoff.get(domain), false));
-        return { requeueAfterMs: DNS_RETRY_MS };
-      }
-    }
-    // 3. certbot, one at a time (the attempt counts from here on, whatever its outcome).
-    //    --force-renewal always: whether a certificate is due is decided here, not by certbot.
-    const start = now;
-    const before = await current();
-    await backoff.update((d) => d.orders.push(start), start);
-    report(ctx, domainInfo(domain, before, data.domains[domain], true));
-    const result = await certbot.run({ domain, acme, webroot: o.acmeWebroot, dirs, force: true });
-    // 4. What counts is a valid certificate on disk (a new one when renewing), not the exit code.
-    now = ctx.clock.now();
-    const c = await readCertificate(p.cert, p.key, domain, now);
-    const fresh = c.ok && !(renew && before?.ok && before.info.serial === c.info.serial);
-    if (result.ok && fresh) {
-      await publish(domain, c.info.serial, c.certPem!, c.keyPem!);
-      await backoff.update((d) => {
-        const prev = d.domains[domain]?.attempts ?? [];
-        d.domains[domain] = { failedAttempts: 0, attempts: [...prev.filter((t) => t > now - DOMAIN_WINDOW_MS), start] };
-      }, now);
-      ctx.logger.info({ domain, serial: c.info.serial, durationMs: result.durationMs }, `certificate for ${domain} issued`);
-      report(ctx, domainInfo(domain, c, await backoff.get(domain), false));
-      return requeueUntil(c.info.renewalTime, now);
-    }
-    const error = result.ok ? `certbot succeeded but left no new usable certificate: ${c.ok ? `serial ${c.info.serial} unchanged` : c.message}` : result.error;
-    await backoff.update((d) => {
-      d.domains[domain] = recordFailure(d.domains[domain], { at: start, finishedAt: now, error, acmeKey }, limits);
-    }, now);
-    const entry = await backoff.get(domain);
-    ctx.logger.warn({ domain, error, failedAttempts: entry?.failedAttempts, nextAttemptTime: entry?.nextAttemptTime }, `certificate for ${domain} not issued`);
-    report(ctx, domainInfo(domain, await current(), entry, false));
-    const retry = nextAllowed(entry, (await backoff.load()).orders, acmeKey, now, limits);
-    return { requeueAfterMs: Math.max(1_000, retry.at - now) };
-  }
-
   return loop;
+}
+
+/** What the policies see of one domain, from the observed facts (pure). */
+function domainInput(domain: string, desired: TlsDesired, observed: TlsObserved, limits: Limits): DomainInput {
+  const lineage = observed.lineages.get(domain) ?? { ok: false as const, reason: 'Missing' as const, message: 'no certificate yet' };
+  return {
+    domain,
+    now: observed.now,
+    acmeKey: desired.acmeKey,
+    lineage,
+    published: lineage.ok && observed.published.get(domain)?.has(lineage.info.serial) === true,
+    backoff: observed.backoff.domains[domain],
+    orders: observed.backoff.orders,
+    limits,
+  };
+}
+
+/** The action for a domain's decision, or null when there is nothing to do (pure). */
+function actionFor(i: DomainInput, desired: TlsDesired, limits: Limits): Action<TlsPayload> | null {
+  const d = decide(i);
+  const { domain } = i;
+  switch (d.action) {
+    case 'none':
+      return null;
+    case 'publish':
+      return { key: domain, kind: 'publish', summary: `serve the existing certificate for ${domain} (serial ${d.serial})`, payload: { domain } };
+    case 'wait':
+      return { key: domain, kind: 'wait', summary: attemptSummary(i, desired, d.trigger, d.hold.until, limits), payload: { domain, until: d.hold.until } };
+    default:
+      return { key: domain, kind: d.action, summary: attemptSummary(i, desired, d.trigger, null, limits), payload: { domain, acme: desired.acme, acmeKey: desired.acmeKey } };
+  }
+}
+
+/** `request a certificate for d from S (why); next attempt at T; backoff allows n attempt(s) in the next hour`. */
+function attemptSummary(i: DomainInput, desired: TlsDesired, t: Trigger, until: number | null, limits: Limits): string {
+  const what = t.renew ? 'renew the certificate' : 'request a certificate';
+  const when = until !== null ? `next attempt at ${new Date(until).toISOString()}` : 'now';
+  const allowed = attemptsInNextHour(i.backoff, i.acmeKey, i.now, limits);
+  return `${what} for ${i.domain} from ${desired.acme.server} (${t.message}); ${when}; backoff allows ${allowed} attempt(s) in the next hour`;
+}
+
+/**
+ * The certificate metric families, over the loop's status outputs: an expiry per domain that
+ * has a served certificate, failed attempts per domain the loop reports on.
+ */
+function certificateMetricFamilies(status: () => StatusWriter | null): MetricFamily[] {
+  const rows = (): [string, CertificateOutputs][] => {
+    const s = status();
+    if (!s) return [];
+    return s.keys().flatMap((domain) => {
+      const out = s.outputs(domain) as CertificateOutputs | undefined;
+      return out ? [[domain, out] as [string, CertificateOutputs]] : [];
+    });
+  };
+  return [
+    {
+      name: 'certificate_expiry_timestamp_seconds',
+      help: 'Per domain certificate notAfter.',
+      type: 'gauge',
+      labelNames: ['domain'],
+      read: () => rows().flatMap(([domain, out]) => (out.notAfter === null ? [] : [[{ domain }, Date.parse(out.notAfter) / 1000] as const])),
+    },
+    {
+      name: 'certificate_failed_attempts_total',
+      help: 'Per domain failed certificate requests.',
+      type: 'counter',
+      labelNames: ['domain'],
+      read: () => rows().map(([domain, out]) => [{ domain }, out.failedAttempts] as const),
+    },
+  ];
 }
 
 function trackedDomains(published: Map<string, Set<string>>, data: BackoffFile): string[] {

@@ -1,16 +1,14 @@
-// The TLS loop's per-domain status and what other loops read from it.
-// Conditions `Ready` and `Issuing` (V1Condition shape); the figures (serial, notAfter,
-// renewalTime, failedAttempts, lastFailureTime, nextAttemptTime, last error) are in the
-// messages, in a fixed `name value; name value` form that certForFromStatus parses back.
+// The TLS loop's per-domain status: conditions `Ready` and `Issuing` (V1Condition shape) for
+// people, whose messages spell out the figures (serial, notAfter, renewalTime, failedAttempts,
+// lastFailureTime, nextAttemptTime, last error), and the same figures as typed outputs
+// (CertificateOutputs) for code: Nginx, metrics and the CLI read those, never a message.
 
 import { join } from 'node:path';
-import type { CertPaths } from '../nginx/view.js';
-import type { StatusSnapshot } from '../types.js';
+import type { CertificateOutputs } from '../outputs.js';
 import type { DomainBackoff } from './backoff.js';
 import type { CertCheck, CertInfo } from './certificate.js';
 
 export { TLS_LOOP } from '../outputs.js';
-import { TLS_LOOP } from '../outputs.js';
 
 /** Everything the loop knows about one domain, for status, metrics and dry-run. */
 export interface DomainInfo {
@@ -73,30 +71,31 @@ export function domainConditions(i: DomainInfo): ConditionPair {
   return { ready, issuing };
 }
 
-/** The serial in a Ready=True message, or null. */
-export function serialFromMessage(message: string | undefined): string | null {
-  const m = /^serial ([0-9A-F]+);/.exec(message ?? '');
-  return m ? m[1]! : null;
+/** Where a published certificate and its key are. */
+export interface PublishedPaths {
+  certPath: string;
+  keyPath: string;
 }
 
 /**
- * Where the published copy of a domain's current certificate lives. The serial is part of the
- * path, so a renewal changes the Nginx site text and the Nginx loop reloads.
+ * Where the published copy of a domain's certificate lives. The serial is part of the path, so
+ * a renewal changes the Nginx site text and the Nginx loop reloads.
  */
-export function publishedPaths(certsDir: string, domain: string, serial: string): CertPaths {
+export function publishedPaths(certsDir: string, domain: string, serial: string): PublishedPaths {
   const dir = join(certsDir, domain, serial);
   return { certPath: join(dir, 'fullchain.pem'), keyPath: join(dir, 'privkey.pem') };
 }
 
-/**
- * For the Nginx loop (pure): a domain whose certificate is Ready → its published paths; else null.
- * Use as `certFor: certForFromStatus(certsDir)`; `certsDir` is the TLS loop's `certsDir`.
- */
-export function certForFromStatus(certsDir: string): (domain: string, statuses: StatusSnapshot) => CertPaths | null {
-  return (domain, statuses) => {
-    const ready = statuses.loops[TLS_LOOP]?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
-    if (ready?.status !== 'True') return null;
-    const serial = serialFromMessage(ready.message);
-    return serial ? publishedPaths(certsDir, domain, serial) : null;
+/** The typed outputs for what is known about a domain (pure): the served copy's paths, or nulls. */
+export function certificateOutputsOf(i: DomainInfo, certsDir: string): CertificateOutputs {
+  const paths = i.cert ? publishedPaths(certsDir, i.domain, i.cert.serial) : null;
+  return {
+    serial: i.cert?.serial ?? null,
+    certPath: paths?.certPath ?? null,
+    keyPath: paths?.keyPath ?? null,
+    notAfter: i.cert ? iso(i.cert.notAfter) : null,
+    renewalTime: i.cert ? iso(i.cert.renewalTime) : null,
+    failedAttempts: i.failedAttempts,
+    nextAttemptTime: i.nextAttemptTime !== undefined ? iso(i.nextAttemptTime) : null,
   };
 }

@@ -4,9 +4,11 @@ import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { errorLine, scrub, secret } from '../../../src/reconcilers/tls/certbot.js';
-import { checkCertificate, needsIssuing, readCertificate } from '../../../src/reconcilers/tls/certificate.js';
-import { certForFromStatus, serialFromMessage, domainConditions } from '../../../src/reconcilers/tls/status.js';
-import type { StatusSnapshot } from '../../../src/reconcilers/types.js';
+import { checkCertificate, readCertificate } from '../../../src/reconcilers/tls/certificate.js';
+import { needsIssuing } from '../../../src/reconcilers/tls/policies.js';
+import { certificateOutputsOf, domainConditions } from '../../../src/reconcilers/tls/status.js';
+import { certFromTlsOutputs } from '../../../src/reconcilers/nginx/loop.js';
+import type { Outputs, StatusSnapshot } from '../../../src/reconcilers/types.js';
 
 let dir: string;
 let cert: string;
@@ -76,26 +78,45 @@ describe('certbot output', () => {
   });
 });
 
-describe('certForFromStatus', () => {
-  const snapshot = (status: 'True' | 'False', message: string): StatusSnapshot => ({
+describe('certificate outputs, as Nginx reads them', () => {
+  const snapshot = (status: 'True' | 'False', message: string, outputs: Outputs): StatusSnapshot => ({
     generation: 1,
     loops: {
       tls: {
         conditions: [],
         failures: {},
-        objects: { 'a.gw.test': { conditions: [{ type: 'Ready', status, reason: 'Issued', message, lastTransitionTime: new Date(0) }] } },
+        objects: { 'a.gw.test': { conditions: [{ type: 'Ready', status, reason: 'Issued', message, lastTransitionTime: new Date(0) }], outputs } },
       },
     },
   });
 
   it('a Ready domain → its published paths, which change with the serial', () => {
-    const certFor = certForFromStatus('/s/certs');
     const info = { domain: 'a.gw.test', cert: { serial: 'AB01', notBefore: 0, notAfter: 3000, renewalTime: 2000 }, issuing: false, failedAttempts: 0 };
     const msg = domainConditions(info).ready.message;
-    expect(serialFromMessage(msg)).toBe('AB01');
-    expect(certFor('a.gw.test', snapshot('True', msg))).toEqual({ certPath: '/s/certs/a.gw.test/AB01/fullchain.pem', keyPath: '/s/certs/a.gw.test/AB01/privkey.pem' });
-    expect(certFor('a.gw.test', snapshot('False', msg))).toBeNull();
-    expect(certFor('b.gw.test', snapshot('True', msg))).toBeNull();
-    expect(certFor('a.gw.test', { generation: 1, loops: {} })).toBeNull();
+    const outputs = certificateOutputsOf(info, '/s/certs');
+    expect(outputs).toEqual({
+      serial: 'AB01',
+      certPath: '/s/certs/a.gw.test/AB01/fullchain.pem',
+      keyPath: '/s/certs/a.gw.test/AB01/privkey.pem',
+      notAfter: new Date(3000).toISOString(),
+      renewalTime: new Date(2000).toISOString(),
+      failedAttempts: 0,
+      nextAttemptTime: null,
+    });
+    // The message still says it for people; nothing reads it back.
+    expect(msg).toBe(`serial AB01; notAfter ${new Date(3000).toISOString()}; renewalTime ${new Date(2000).toISOString()}`);
+    expect(certFromTlsOutputs('a.gw.test', snapshot('True', msg, outputs))).toEqual({ certPath: '/s/certs/a.gw.test/AB01/fullchain.pem', keyPath: '/s/certs/a.gw.test/AB01/privkey.pem' });
+    const renewed = certificateOutputsOf({ ...info, cert: { ...info.cert, serial: 'AB02' } }, '/s/certs');
+    expect(certFromTlsOutputs('a.gw.test', snapshot('True', msg, renewed))?.certPath).toBe('/s/certs/a.gw.test/AB02/fullchain.pem');
+    expect(certFromTlsOutputs('a.gw.test', snapshot('False', msg, outputs))).toBeNull();
+    expect(certFromTlsOutputs('b.gw.test', snapshot('True', msg, outputs))).toBeNull();
+    expect(certFromTlsOutputs('a.gw.test', { generation: 1, loops: {} })).toBeNull();
+  });
+
+  it('no certificate served → null paths, whatever the message says', () => {
+    const info = { domain: 'a.gw.test', cert: null, issuing: false, failedAttempts: 2, nextAttemptTime: 5000 };
+    const outputs = certificateOutputsOf(info, '/s/certs');
+    expect(outputs).toMatchObject({ serial: null, certPath: null, keyPath: null, notAfter: null, failedAttempts: 2, nextAttemptTime: new Date(5000).toISOString() });
+    expect(certFromTlsOutputs('a.gw.test', snapshot('True', 'serial AB01; notAfter x; renewalTime y', outputs))).toBeNull();
   });
 });

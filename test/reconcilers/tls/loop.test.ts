@@ -10,7 +10,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FakeClock } from '../../helpers/fake-clock.js';
 import type { Condition } from '../../../src/reconcilers/conditions.js';
 import { Controller } from '../../../src/reconcilers/controller.js';
-import { certForFromStatus, createTlsLoop, type TlsLoop } from '../../../src/reconcilers/tls/index.js';
+import { certFromTlsOutputs } from '../../../src/reconcilers/nginx/loop.js';
+import { certificateOutputs, type CertificateOutputs } from '../../../src/reconcilers/outputs.js';
+import { createTlsLoop, type TlsLoop } from '../../../src/reconcilers/tls/index.js';
 import type { AnyLoop } from '../../../src/reconcilers/types.js';
 import { emptyState, type Acme, type ProxyState } from '../../../src/spec/types.js';
 import { startPebble, type TestPebble } from '../../helpers/pebble.js';
@@ -28,6 +30,8 @@ interface Rig {
   logs: string[];
   state: ProxyState;
   cond(domain: string, type: 'Ready' | 'Issuing'): Condition | undefined;
+  /** The domain's typed outputs, as Nginx and the metrics read them. */
+  out(domain: string): CertificateOutputs | undefined;
 }
 
 function docFor(domains: string[], acme: Partial<Acme>): ProxyState {
@@ -58,12 +62,13 @@ function rig(o: { pebble: TestPebble; domains: string[]; acme?: Partial<Acme>; s
     ...(o.resyncIntervalMs ? { resyncIntervalMs: o.resyncIntervalMs } : {}),
   });
   const cond = (domain: string, type: 'Ready' | 'Issuing') => controller.statuses().loops.tls?.objects[domain]?.conditions.find((c) => c.type === type);
-  return { stateDir, clock, loop, controller, logs, state, cond };
+  const out = (domain: string) => certificateOutputs(controller.statuses(), domain);
+  return { stateDir, clock, loop, controller, logs, state, cond, out };
 }
 
 /** The published certificate of a Ready domain, checked against Pebble's root. */
 async function servedCert(r: Rig, pebble: TestPebble, domain: string): Promise<X509Certificate> {
-  const paths = certForFromStatus(r.loop.certsDir)(domain, r.controller.statuses());
+  const paths = certFromTlsOutputs(domain, r.controller.statuses());
   expect(paths).not.toBeNull();
   const pem = readFileSync(paths!.certPath, 'utf8');
   const [leafPem, interPem] = pem.split(/(?<=-----END CERTIFICATE-----)\s*/).filter((p) => p.includes('BEGIN'));
@@ -94,11 +99,10 @@ describe('TLS loop with certbot and Pebble', () => {
     expect(r.cond('svc1.gw.test', 'Issuing')).toMatchObject({ status: 'False', reason: 'Idle' });
     expect(r.cond('plain.gw.test', 'Ready')).toBeUndefined();
     const leaf = await servedCert(r, pebble, 'svc1.gw.test');
-    const info = r.loop.domainInfo('svc1.gw.test');
-    expect(info?.cert?.serial).toBe(leaf.serialNumber.toUpperCase());
-    expect(r.cond('svc1.gw.test', 'Ready')?.message).toBe(
-      `serial ${info!.cert!.serial}; notAfter ${new Date(info!.cert!.notAfter).toISOString()}; renewalTime ${new Date(info!.cert!.renewalTime).toISOString()}`,
-    );
+    const out = r.out('svc1.gw.test');
+    expect(out?.serial).toBe(leaf.serialNumber.toUpperCase());
+    expect(out?.notAfter).toBe(new Date(leaf.validTo).toISOString());
+    expect(r.cond('svc1.gw.test', 'Ready')?.message).toBe(`serial ${out!.serial}; notAfter ${out!.notAfter}; renewalTime ${out!.renewalTime}`);
     expect(statSync(join(r.stateDir, 'certbot', 'config')).mode & 0o077).toBe(0);
     const issued = r.logs.map((l) => JSON.parse(l) as { msg: string; durationMs?: number }).find((l) => l.msg === 'certificate for svc1.gw.test issued');
     expect(issued?.durationMs).toBeGreaterThan(0);
@@ -111,17 +115,18 @@ describe('TLS loop with certbot and Pebble', () => {
     r.state.spec.entrypoints = r.state.spec.entrypoints.filter((e) => e.domain !== 'svc1.gw.test');
     await r.controller.reconcileAll();
     expect(r.cond('svc1.gw.test', 'Ready')).toBeUndefined();
-    expect(existsSync(join(r.loop.certsDir, 'svc1.gw.test'))).toBe(false);
+    expect(r.out('svc1.gw.test')).toBeUndefined();
+    expect(existsSync(join(r.stateDir, 'tls-certs', 'svc1.gw.test'))).toBe(false);
     await r.controller.stop();
   }, 60_000);
 
   it('renews once two thirds of the lifetime have passed: new serial, new paths for Nginx', async () => {
     const r = rig({ pebble, domains: ['renew.gw.test'], resyncIntervalMs: 365 * DAY });
     await r.controller.start();
-    const first = r.loop.domainInfo('renew.gw.test')!.cert!;
-    const pathsBefore = certForFromStatus(r.loop.certsDir)('renew.gw.test', r.controller.statuses());
+    const first = r.out('renew.gw.test')!;
+    const pathsBefore = certFromTlsOutputs('renew.gw.test', r.controller.statuses());
 
-    r.clock.advance(first.renewalTime - 60_000 - r.clock.now()); // a minute before: nothing to do
+    r.clock.advance(Date.parse(first.renewalTime!) - 60_000 - r.clock.now()); // a minute before: nothing to do
     await r.controller.reconcileAll();
     expect(r.loop.certbotRuns()).toBe(1);
     const plan = await r.controller.dryRun(r.state);
@@ -132,10 +137,10 @@ describe('TLS loop with certbot and Pebble', () => {
     await r.controller.reconcileAll();
     await r.controller.whenIdle();
     expect(r.loop.certbotRuns()).toBe(2);
-    const second = r.loop.domainInfo('renew.gw.test')!.cert!;
+    const second = r.out('renew.gw.test')!;
     expect(second.serial).not.toBe(first.serial);
     expect(r.cond('renew.gw.test', 'Ready')).toMatchObject({ status: 'True', message: expect.stringContaining(`serial ${second.serial};`) });
-    const pathsAfter = certForFromStatus(r.loop.certsDir)('renew.gw.test', r.controller.statuses());
+    const pathsAfter = certFromTlsOutputs('renew.gw.test', r.controller.statuses());
     expect(pathsAfter).not.toEqual(pathsBefore);
     expect((await servedCert(r, pebble, 'renew.gw.test')).serialNumber.toUpperCase()).toBe(second.serial);
     await r.controller.stop();
@@ -171,14 +176,14 @@ describe('TLS loop when the ACME server is down', () => {
       await r.controller.whenIdle();
       note();
       if (minute === 115) {
-        expect(r.loop.domainInfo('flaky.gw.test')).toMatchObject({ failedAttempts: 6, nextAttemptTime: t0 + 231 * MIN });
+        expect(r.out('flaky.gw.test')).toMatchObject({ failedAttempts: 6, nextAttemptTime: new Date(t0 + 231 * MIN).toISOString() });
         await down.start();
       }
     }
     expect(attempts).toEqual([0, 1, 6, 21, 51, 111, 231]);
     for (const a of attempts) expect(attempts.filter((b) => b >= a && b < a + 60).length).toBeLessThanOrEqual(5);
     expect(r.cond('flaky.gw.test', 'Ready')).toMatchObject({ status: 'True', reason: 'Issued' });
-    expect(r.loop.domainInfo('flaky.gw.test')?.failedAttempts).toBe(0);
+    expect(r.out('flaky.gw.test')?.failedAttempts).toBe(0);
     await r.controller.stop();
     await down.stop();
   }, 180_000);
@@ -207,7 +212,7 @@ describe('TLS loop when the ACME server is down', () => {
     b.clock.advance(MIN);
     await b.controller.whenIdle();
     expect(b.loop.certbotRuns()).toBe(1); // t0 + 6 min
-    expect(b.loop.domainInfo('again.gw.test')?.failedAttempts).toBe(3);
+    expect(b.out('again.gw.test')?.failedAttempts).toBe(3);
     await b.controller.stop();
   }, 60_000);
 

@@ -10,7 +10,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FakeClock } from '../../helpers/fake-clock.js';
 import { Controller } from '../../../src/reconcilers/controller.js';
 import { createNginxLoop } from '../../../src/reconcilers/nginx/loop.js';
-import { certForFromStatus, createTlsLoop, TLS_LOOP, type TlsLoop } from '../../../src/reconcilers/tls/index.js';
+import { certificateOutputs } from '../../../src/reconcilers/outputs.js';
+import { createTlsLoop, TLS_LOOP, type TlsLoop } from '../../../src/reconcilers/tls/index.js';
 import type { AnyLoop } from '../../../src/reconcilers/types.js';
 import { emptyState, type ProxyState } from '../../../src/spec/types.js';
 import { close, request, startEcho } from '../../helpers/http.js';
@@ -29,6 +30,9 @@ let tls: TlsLoop;
 let controller: Controller;
 let clock: FakeClock;
 let state: ProxyState;
+
+/** What the TLS loop publishes about DOMAIN. */
+const cert = () => certificateOutputs(controller.statuses(), DOMAIN);
 
 /** The serial of the certificate Nginx presents for DOMAIN, verified against `ca`. */
 function servedSerial(ca: string): Promise<string> {
@@ -60,7 +64,6 @@ beforeAll(async () => {
     test: ng.test,
     reload: ng.reload,
     view: { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath },
-    certFor: certForFromStatus(tls.certsDir),
     dependsOn: [TLS_LOOP],
   });
   controller = new Controller({
@@ -85,7 +88,7 @@ afterAll(async () => {
 describe('TLS loop feeding the Nginx loop', () => {
   it('serves the issued certificate over HTTPS, and redirects HTTP', async () => {
     const root = await pebble.rootPem();
-    expect(await servedSerial(root)).toBe(tls.domainInfo(DOMAIN)?.cert?.serial);
+    expect(await servedSerial(root)).toBe(cert()?.serial);
     const res = await request({ port: ng.httpsPort, host: DOMAIN, ca: root });
     expect(res.status).toBe(200);
     const plain = await request({ port: ng.httpPort, host: DOMAIN, localAddress: '127.0.0.2' });
@@ -95,13 +98,13 @@ describe('TLS loop feeding the Nginx loop', () => {
 
   it('a renewal makes Nginx reload and serve the new serial', async () => {
     const root = await pebble.rootPem();
-    const before = tls.domainInfo(DOMAIN)!.cert!;
-    clock.advance(before.renewalTime + 1_000 - clock.now());
+    const before = cert()!;
+    clock.advance(Date.parse(before.renewalTime!) + 1_000 - clock.now());
     await controller.reconcileAll();
     await controller.whenIdle();
-    const after = tls.domainInfo(DOMAIN)!.cert!;
+    const after = cert()!;
     expect(after.serial).not.toBe(before.serial);
     await eventually(async () => ((await servedSerial(root)) === after.serial ? true : undefined), 10_000);
-    expect(join(tls.certsDir, DOMAIN)).toContain(tmp.dir);
+    expect(after.certPath).toContain(join(tmp.dir, 'tls-certs', DOMAIN, after.serial!));
   });
 });
