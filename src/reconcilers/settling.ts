@@ -4,6 +4,8 @@
 import { deferred, type Deferred } from './pass-queue.js';
 
 export class Settling {
+  /** Generation read by the pass running or last run (status writes default to it). */
+  generation = 0;
   /** Generation read by the last pass that settled (failed or not); -1 before the first. */
   settledGeneration = -1;
   /** Generation read by the last pass that settled without failing as a whole; -1 before the first. */
