@@ -107,8 +107,8 @@ export function readOnlyWriter(inner: StatusWriter): StatusWriter {
 /**
  * A loop's status store and when its changes go out. Writes during a pass are held back and
  * go out once, when the pass has settled (a dependent triggered earlier would read half a
- * pass); writes between passes (a tunnel that drops) go out at the end of the current tick,
- * so a burst of them is one change.
+ * pass); writes between passes (a tunnel that drops) go out once the code that made them
+ * yields (a microtask later), so a burst of them is one change.
  */
 export class StatusFeed {
   readonly store: StatusStore;
