@@ -248,7 +248,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     generation: () => current.generation,
     services: () => stats.totals(current.state),
     accessLog: () => stats.counters(),
-    tunnels: () => tunnelMetrics(controller.statuses(), sshLoop),
+    tunnels: () => tunnelMetrics(controller.statuses()),
     certificates: () => certificateMetrics(current.state, tlsLoop),
   });
   const app = await buildApp({
@@ -325,9 +325,10 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
 }
 
 
-function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
+function tunnelMetrics(statuses: StatusSnapshot): TunnelMetric[] {
   const out: TunnelMetric[] = [];
-  for (const [key, { conditions }] of Object.entries(statuses.loops[SSH_LOOP]?.objects ?? {})) {
+  for (const [key, { conditions, outputs }] of Object.entries(statuses.loops[SSH_LOOP]?.objects ?? {})) {
+    if (typeof outputs?.reconnects !== 'number') continue; // a service's socket, not a replica
     const ready = conditions.find((c) => c.type === 'Ready');
     const slash = key.lastIndexOf('/');
     const replica = key.slice(slash + 1);
@@ -335,7 +336,7 @@ function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
       service: key.slice(0, slash),
       replica,
       state: ready?.status === 'True' ? 'Ready' : (ready?.reason ?? 'Unknown'),
-      reconnects: Math.max(0, ssh.connects(replica) - 1),
+      reconnects: outputs.reconnects,
     });
   }
   return out;
