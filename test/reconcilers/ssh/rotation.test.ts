@@ -101,6 +101,9 @@ describe('rotation', () => {
   it('a restarted sshd is Ready again after its backoff', async () => {
     await a.restart();
     await h.waitReason(SK, 'ra', 'Connected');
+    expect(h.reconnects(SK, 'ra')).toBeGreaterThanOrEqual(1);
+    const reconnects = await h.loop.metrics().find((f) => f.name === 'tunnel_reconnects_total')!.read();
+    expect(reconnects.find(([l]) => l.replica === 'ra')?.[1]).toBe(h.reconnects(SK, 'ra'));
     expect(new Set(await names(40))).toEqual(new Set(['app0', 'app1']));
   });
 
