@@ -64,6 +64,8 @@ export class Controller {
   /** Loops' start() calls; passes wait for them. */
   #starting: Promise<void> | null = null;
   #started = false;
+  /** Inside #startLoops: triggers wait for the first round. */
+  #startingLoops = false;
   #stopped = false;
   #stopping: Promise<void> | null = null;
 
@@ -117,10 +119,24 @@ export class Controller {
   }
 
   async #startLoops(): Promise<void> {
-    for (const rt of this.#runners) {
-      await rt.loop.start?.({ status: rt.status.store.writer(), trigger: () => void rt.passes.trigger() });
+    this.#startingLoops = true;
+    try {
+      for (const rt of this.#runners) {
+        await rt.loop.start?.({ status: rt.status.store.writer(), trigger: () => this.#trigger(rt) });
+      }
+    } finally {
+      this.#startingLoops = false;
     }
     this.#scheduleResync();
+  }
+
+  /**
+   * A trigger from a loop's handle or a status change. While the loops are starting there is
+   * nothing to do: no pass runs before every loop has started, and the first round, right
+   * after, runs every loop anyway.
+   */
+  #trigger(rt: LoopRunner): void {
+    if (!this.#startingLoops) void rt.passes.trigger();
   }
 
   /** A new generation was stored: run every loop (dependencies first). */
@@ -250,7 +266,7 @@ export class Controller {
         this.#logger.error({ err, loop: rt.loop.name }, 'status listener threw');
       }
     }
-    for (const other of this.#triggers.get(rt) ?? []) void other.passes.trigger();
+    for (const other of this.#triggers.get(rt) ?? []) this.#trigger(other);
   }
 
   #currentGeneration(): number {

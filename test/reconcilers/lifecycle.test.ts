@@ -59,6 +59,33 @@ describe('loop lifecycle', () => {
     expect(events.slice(3)).toEqual(['close:sites', 'close:certs', 'close:sockets']);
   });
 
+  it('status writes and triggers during start run no pass before every loop has started', async () => {
+    const spec = { current: specWith(1, { a: 1 }) };
+    const events: string[] = [];
+    const first = fakeLoop({ name: 'first' });
+    const second = fakeLoop({ name: 'second', dependsOn: ['first'] });
+    const early: AnyLoop = {
+      ...first.loop,
+      start: (h) => {
+        h.status.setOutputs('found-at-start', { n: 1 });
+        h.trigger();
+      },
+    };
+    const late: AnyLoop = {
+      ...second.loop,
+      start: async () => {
+        for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
+        events.push(`observes when the last loop starts: ${first.observes + second.observes}`);
+      },
+    };
+    const { c } = setup([late, early], spec);
+    await c.start();
+    await c.whenIdle();
+    expect(events).toEqual(['observes when the last loop starts: 0']);
+    expect([c.counters().first?.passes, c.counters().second?.passes]).toEqual([1, 1]);
+    expect(c.statuses().loops.first?.objects['found-at-start']?.outputs).toEqual({ n: 1 });
+  });
+
   it('closes a loop only after its in-flight actions have finished', async () => {
     const spec = { current: specWith(1, { p: 1 }) };
     const events: string[] = [];
