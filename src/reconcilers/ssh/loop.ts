@@ -149,7 +149,8 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
 
   /** What a tunnel reports about itself: its Ready condition and its reconnects. */
   const report = (d: DesiredReplica, s: TunnelState, status: StatusWriter | undefined = handle?.status): void => {
-    if (held.get(d.id)?.desired !== d || status === undefined) return; // replaced or removed meanwhile
+    if (held.get(d.id)?.desired !== d) return; // replaced or removed meanwhile
+    if (status === undefined) return; // not started by a controller, or closed
     const key = replicaObjectKey(d.serviceKey, d.id);
     status.set(key, { type: 'Ready', status: s.ready ? 'True' : 'False', reason: s.reason, message: s.message });
     status.setOutputs(key, { reconnects: reconnects(d.id) } satisfies ReplicaTunnelOutputs);
@@ -157,6 +158,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
 
   const socketOutputs = (sk: string): ServiceSocketOutputs => ({ socketPath: balancer.socketPathFor(sk) });
 
+  /** Puts a replica in rotation; its tunnel, if it has one, starts connecting. */
   const hold = (d: DesiredReplica, ctx: LoopContext): void => {
     const t = d.target;
     let h: Held;
@@ -196,7 +198,8 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     h.tunnel?.start();
   };
 
-  const release = (id: string, serviceKey: string): void => {
+  /** Takes a replica out of rotation at once; its open connections drain in the background. */
+  const dropReplica = (id: string, serviceKey: string): void => {
     const h = held.get(id);
     balancer.removeReplica(serviceKey, id); // out of rotation at once
     if (!h) return;
@@ -216,7 +219,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     retiring.delete(sk);
     for (const id of r?.replicas ?? []) {
       if (held.get(id)?.desired.serviceKey !== sk) continue; // reused by another service meanwhile
-      release(id, sk);
+      dropReplica(id, sk);
       ctx.status.delete(replicaObjectKey(sk, id));
     }
     await balancer.unlisten(sk);
@@ -339,7 +342,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
           const prev = p.previous ?? (held.has(id) ? { serviceKey: held.get(id)!.desired.serviceKey } : null);
           if (prev) {
             retiring.get(prev.serviceKey)?.replicas.delete(id);
-            release(id, prev.serviceKey);
+            dropReplica(id, prev.serviceKey);
             ctx.status.delete(replicaObjectKey(prev.serviceKey, id));
           }
           if (p.replica) hold(p.replica, ctx);
