@@ -1,7 +1,7 @@
 // The SSH loop: desired = one socket per service + one connection per replica (targets.ts);
-// observed = what this process holds; plan = create/update/delete per service socket and per
-// replica, by fingerprint, so an unchanged replica is never touched. Tunnels live on their
-// own between passes (reconnect, keepalive, probes) and report `Ready` per replica as they go,
+// observed = what this process holds; plan (plan.ts) = create/update/delete per service
+// socket and per replica, by fingerprint, so an unchanged replica is never touched. Tunnels
+// live on their own between passes (reconnect, keepalive, probes) and report `Ready` per replica as they go,
 // through the handle the controller gives at start().
 //
 // Outputs, for Nginx, metrics and the CLI: per service its socket path (ServiceSocketOutputs,
@@ -22,10 +22,12 @@ import { systemClock, type Clock } from '../../clock.js';
 import { defineLoop, type Action, type BatchOutcome, type Loop, type LoopContext, type LoopHandle, type MetricFamily, type StatusSnapshot, type StatusWriter } from '../types.js';
 import { Balancer, type Upstream } from './balancer.js';
 import { HostKeyBook } from './host-keys.js';
-import { describeTarget, desiredFromSpec, type DesiredReplica, type DesiredSsh } from './targets.js';
+import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
 
 export { replicaObjectKey, SSH_LOOP } from '../outputs.js';
+export type { ObservedSsh, Retiring, SshDesired, SshPayload } from './plan.js';
+import { planSsh, type ObservedSsh, type Retiring, type SshDesired, type SshPayload } from './plan.js';
 import { replicaObjectKey, SSH_LOOP, type ReplicaTunnelOutputs, type ServiceSocketOutputs } from '../outputs.js';
 
 export interface SshLoopOptions {
@@ -76,38 +78,6 @@ interface Held {
   tunnel: ReplicaTunnel | null;
   state: () => TunnelState;
 }
-
-export interface ObservedSsh {
-  /** Listening sockets, retiring ones included. */
-  services: Set<string>;
-  /** Held replicas, except those of retiring services (they close with their service). */
-  replicas: Map<string, { serviceKey: string; fingerprint: string }>;
-  /** Services removed from the spec whose socket still serves until nothing routes to it. */
-  retiring?: ReadonlyMap<string, Retiring>;
-  now?: number;
-}
-
-export interface Retiring {
-  /** The generation the service was first missing from. */
-  since: number;
-  /** When it was retired (epoch ms). */
-  at: number;
-  /** When the router was first seen past `since`. */
-  caughtUpAt: number | null;
-  /** Its replicas, kept in rotation until the socket closes. */
-  replicas: Set<string>;
-}
-
-export interface SshDesired extends DesiredSsh {
-  generation: number;
-  /** The newest generation the router has served in full (Ready); Infinity without a router. */
-  routedUpTo: number;
-}
-
-export type SshPayload =
-  | { what: 'service'; serviceKey: string }
-  | { what: 'close' | 'restore'; serviceKey: string }
-  | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null };
 
 export interface SshLoop extends Loop<SshDesired, ObservedSsh, SshPayload> {
   /** The sockets and their replicas: the in-server proxy connects through it. */
@@ -265,36 +235,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     },
 
     plan(desired: SshDesired, observed: ObservedSsh): Action<SshPayload>[] {
-      const actions: Action<SshPayload>[] = [];
-      const gone = observed.retiring ?? new Map<string, Retiring>();
-      for (const sk of desired.services) {
-        if (gone.has(sk)) actions.push({ key: `service:${sk}`, kind: 'restore', summary: `keep the socket of ${sk} (back in the document)`, payload: { what: 'restore', serviceKey: sk } });
-        else if (!observed.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'create', summary: `listen on the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
-      }
-      for (const sk of observed.services) {
-        if (desired.services.has(sk)) continue;
-        const r = gone.get(sk);
-        if (!r) actions.push({ key: `service:${sk}`, kind: 'delete', summary: `close the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
-        else if (desired.routedUpTo >= r.since || (observed.now ?? 0) - r.at >= drainMs) {
-          actions.push({ key: `service:${sk}`, kind: 'close', summary: `close the socket of ${sk}: nothing routes to it any more`, payload: { what: 'close', serviceKey: sk } });
-        }
-      }
-      for (const [id, d] of desired.replicas) {
-        const cur = observed.replicas.get(id);
-        if (cur?.fingerprint === d.fingerprint) continue;
-        const kind = cur ? 'update' : 'create';
-        actions.push({
-          key: `replica:${id}`,
-          kind,
-          summary: `${kind === 'create' ? 'open' : 'reopen'} the tunnel of replica ${id} of ${d.serviceKey} (${describeTarget(d.target)})`,
-          payload: { what: 'replica', replica: d, previous: cur ? { serviceKey: cur.serviceKey } : null },
-        });
-      }
-      for (const [id, cur] of observed.replicas) {
-        if (desired.replicas.has(id)) continue;
-        actions.push({ key: `replica:${id}`, kind: 'delete', summary: `close the tunnel of replica ${id} of ${cur.serviceKey}`, payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } } });
-      }
-      return actions;
+      return planSsh(desired, observed, drainMs);
     },
 
     async applyBatch(actions: Action<SshPayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
