@@ -1,8 +1,8 @@
 // The SSH loop: desired = one socket per service + one connection per replica (targets.ts);
 // observed = what this process holds; plan (plan.ts) = create/update/delete per service
 // socket and per replica, by fingerprint, so an unchanged replica is never touched. Tunnels
-// live on their own between passes (reconnect, keepalive, probes) and report `Ready` per replica as they go,
-// through the handle the controller gives at start().
+// live on their own between passes (reconnect, keepalive, probes) and report `Ready` per
+// replica as they go, through the handle the controller gives at start().
 //
 // Outputs, for Nginx, metrics and the CLI: per service its socket path (ServiceSocketOutputs,
 // while the socket listens), per replica its reconnects (ReplicaTunnelOutputs).
