@@ -51,7 +51,7 @@ export class LoopRunner {
   readonly actions: PQueue;
   readonly status: StatusFeed;
   /** Failing keys: action keys, and PASS_KEY while the pass itself fails. */
-  readonly failures: FailureBook;
+  readonly #failures: FailureBook;
   /** One wake-up per key: its retry after a failure, or its requeue. */
   readonly timers: KeyTimers;
   readonly settling = new Settling();
@@ -69,7 +69,7 @@ export class LoopRunner {
     );
     this.actions = new PQueue({ concurrency });
     this.status = new StatusFeed({ now: () => host.clock.now(), generation: () => this.settling.generation, publish: () => host.publish(this) });
-    this.failures = new FailureBook(o.backoff, o.random);
+    this.#failures = new FailureBook(o.backoff, o.random);
     this.timers = new KeyTimers(host.clock);
   }
 
@@ -102,7 +102,8 @@ export class LoopRunner {
   }
 
   async #steps(): Promise<void> {
-    const { loop, failures } = this;
+    const { loop } = this;
+    const failures = this.#failures;
     const clock = this.#host.clock;
     const t0 = clock.now();
     this.status.hold();
@@ -211,7 +212,7 @@ export class LoopRunner {
   #settleKey(key: string, outcome: BatchOutcome, generation: number, action?: Action<unknown>): void {
     if (typeof outcome === 'object' && 'error' in outcome) {
       this.counters.errors++;
-      const f = this.failures.fail(key, outcome.error, generation, this.#host.clock.now());
+      const f = this.#failures.fail(key, outcome.error, generation, this.#host.clock.now());
       if (f.delayMs === null) this.timers.clear(key);
       else this.#wakeAfter(key, f.delayMs);
       const fields = { err: outcome.error, attempts: f.attempts };
@@ -220,7 +221,7 @@ export class LoopRunner {
       else this.#actionLog(action).warn({ ...fields, retryInMs: f.delayMs }, `${action.summary}: failed`);
       return;
     }
-    this.failures.succeed(key);
+    this.#failures.succeed(key);
     if (outcome === 'done') this.timers.clear(key);
     else this.#wakeAfter(key, Number.isFinite(outcome.requeueAfterMs) ? Math.max(0, outcome.requeueAfterMs) : 0);
     if (action === undefined) return;
@@ -240,7 +241,7 @@ export class LoopRunner {
 
   /** Failing action keys, then PASS_KEY when the pass itself failed. */
   #failureInfo(): Record<string, FailureInfo> {
-    const { [PASS_KEY]: pass, ...actions } = this.failures.info();
+    const { [PASS_KEY]: pass, ...actions } = this.#failures.info();
     return pass === undefined ? actions : { ...actions, [PASS_KEY]: pass };
   }
 }
