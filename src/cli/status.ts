@@ -156,6 +156,7 @@ function loopRows(name: string, loop: LoopStatus, opts: { now: number; wide: boo
   ];
   const rows = [row('(loop)', find(loop.conditions, 'Ready'))];
   for (const [key, { conditions }] of Object.entries(loop.objects)) {
+    if (conditions.length === 0) continue; // outputs only (a service's socket): for machines
     const ready = find(conditions, 'Ready');
     const degraded = find(conditions, 'Degraded');
     // Serving an old version while the new one is rejected: show why, not just "True".

@@ -16,7 +16,7 @@ import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconci
 import { createTlsLoop, TLS_LOOP } from '../reconcilers/tls/index.js';
 import { removeEabLeftovers } from '../reconcilers/tls/certbot.js';
 import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
-import type { AnyLoop, MetricFamily, StatusSnapshot } from '../reconcilers/types.js';
+import type { AnyLoop } from '../reconcilers/types.js';
 import { createStatsCollector } from '../stats/index.js';
 import { authRoutes } from '../api/auth-routes.js';
 import { createControlServerAuth, noServerAuth } from '../auth/index.js';
@@ -245,7 +245,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     generation: () => current.generation,
     services: () => stats.totals(current.state),
     accessLog: () => stats.counters(),
-    families: [...tlsLoop.metrics(), ...nginxLoop.metrics(), ...tunnelFamilies(() => tunnelMetrics(controller.statuses(), sshLoop))],
+    families: [...tlsLoop.metrics(), ...nginxLoop.metrics(), ...sshLoop.metrics()],
   });
   const app = await buildApp({
     runtime,
@@ -321,49 +321,6 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
 }
 
 
-interface TunnelMetric {
-  service: string;
-  replica: string;
-  /** Ready = 1 in dstack_proxy_tunnel_up. */
-  state: string;
-  reconnects: number;
-}
-
-/** The tunnel metric families, until the SSH loop describes its own. */
-function tunnelFamilies(rows: () => TunnelMetric[]): MetricFamily[] {
-  return [
-    {
-      name: 'tunnel_up',
-      help: 'Per replica tunnel: 1 when Ready.',
-      type: 'gauge',
-      labelNames: ['service', 'replica', 'state'],
-      read: () => rows().map((t) => [{ service: t.service, replica: t.replica, state: t.state }, t.state === 'Ready' ? 1 : 0] as const),
-    },
-    {
-      name: 'tunnel_reconnects_total',
-      help: 'Per replica tunnel reconnects.',
-      type: 'counter',
-      labelNames: ['service', 'replica'],
-      read: () => rows().map((t) => [{ service: t.service, replica: t.replica }, t.reconnects] as const),
-    },
-  ];
-}
-
-function tunnelMetrics(statuses: StatusSnapshot, ssh: SshLoop): TunnelMetric[] {
-  const out: TunnelMetric[] = [];
-  for (const [key, { conditions }] of Object.entries(statuses.loops[SSH_LOOP]?.objects ?? {})) {
-    const ready = conditions.find((c) => c.type === 'Ready');
-    const slash = key.lastIndexOf('/');
-    const replica = key.slice(slash + 1);
-    out.push({
-      service: key.slice(0, slash),
-      replica,
-      state: ready?.status === 'True' ? 'Ready' : (ready?.reason ?? 'Unknown'),
-      reconnects: Math.max(0, ssh.connects(replica) - 1),
-    });
-  }
-  return out;
-}
 
 function certbotDirsUnder(dir: string): { configDir: string; workDir: string; logsDir: string } {
   return { configDir: join(dir, 'config'), workDir: join(dir, 'work'), logsDir: join(dir, 'logs') };

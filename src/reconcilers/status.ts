@@ -103,3 +103,51 @@ function sameOutputs(a: Outputs | undefined, b: Outputs | undefined): boolean {
 export function readOnlyWriter(inner: StatusWriter): StatusWriter {
   return { set: () => {}, setOutputs: () => {}, delete: () => {}, prune: () => {}, get: inner.get, outputs: inner.outputs, keys: inner.keys };
 }
+
+/**
+ * A loop's status store and when its changes go out. Writes during a pass are held back and
+ * go out once, when the pass has settled (a dependent triggered earlier would read half a
+ * pass); writes between passes (a tunnel that drops) go out once the code that made them
+ * yields (a microtask later), so a burst of them is one change.
+ */
+export class StatusFeed {
+  readonly store: StatusStore;
+  readonly #publish: () => void;
+  #held = false;
+  #dirty = false;
+  #scheduled = false;
+
+  /** `publish` sends the current status to listeners and the loops it triggers. */
+  constructor(opts: { now: () => number; generation: () => number; publish: () => void }) {
+    this.#publish = opts.publish;
+    this.store = new StatusStore({ now: opts.now, generation: opts.generation, onChange: () => this.#changed() });
+  }
+
+  /** A pass begins: hold changes back. */
+  hold(): void {
+    this.#held = true;
+  }
+
+  /** The pass has settled: send what it changed. */
+  release(): void {
+    this.#held = false;
+    this.flush();
+  }
+
+  /** Sends pending changes now, if there are any. */
+  flush(): void {
+    if (!this.#dirty) return;
+    this.#dirty = false;
+    this.#publish();
+  }
+
+  #changed(): void {
+    this.#dirty = true;
+    if (this.#held || this.#scheduled) return;
+    this.#scheduled = true;
+    queueMicrotask(() => {
+      this.#scheduled = false;
+      if (!this.#held) this.flush();
+    });
+  }
+}

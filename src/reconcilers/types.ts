@@ -60,7 +60,11 @@ export interface ObjectStatus {
 
 /** What a loop's background work gets at start: the live status writer and a way to ask for a pass. */
 export interface LoopHandle {
-  /** The loop's status, outside any pass (a tunnel that drops reports through this). */
+  /**
+   * The loop's status, outside any pass (a tunnel that drops reports through this). Writes go
+   * out as soon as the writer yields and trigger the loops that read this one's status; during
+   * a pass they are held back with the pass's own.
+   */
   status: StatusWriter;
   /** Asks the controller for one more pass of this loop. */
   trigger(): void;
@@ -79,10 +83,14 @@ export interface MetricFamily {
   read(): readonly MetricSample[] | Promise<readonly MetricSample[]>;
 }
 
-/** Handed to observe/apply: what the loop may touch besides its own slice of the world. */
+/**
+ * Handed to observe/apply: what the loop may touch besides its own slice of the world. Valid
+ * for that call only: background work reports through the LoopHandle from start().
+ */
 export interface LoopContext {
   /** The generation of the spec this pass works from. */
   generation: number;
+  /** Status writes of a pass go out together, once the pass has settled. */
   status: StatusWriter;
   clock: Clock;
   logger: Logger;

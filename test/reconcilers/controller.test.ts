@@ -28,11 +28,11 @@ const c2passes = (c: Controller, loop: string) => c.counters()[loop]?.passes ?? 
 const cond = (s: LoopStatus | undefined, type: string) => (s ? findCondition(s.conditions, type) : undefined);
 
 describe('Controller', () => {
-  it('runOnce converges, reports Ready per object and per loop with observedGeneration', async () => {
+  it('reconcileAll converges, reports Ready per object and per loop with observedGeneration', async () => {
     const spec = { current: specWith(3, { a: 1, b: 2 }) };
     const f = fakeLoop({ name: 'files' });
     const { c } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(Object.fromEntries(f.world)).toEqual({ a: '1', b: '2' });
     const s = c.statuses();
     expect(s.generation).toBe(3);
@@ -47,12 +47,12 @@ describe('Controller', () => {
     const spec = { current: specWith(1, { a: 1 }) };
     const f = fakeLoop({ name: 'files' });
     const { c, clock } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     const t0 = cond(c.statuses().loops.files, 'Ready')?.lastTransitionTime;
     const events: string[] = [];
     c.onStatus((loop) => events.push(loop));
     clock.advance(5_000);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(cond(c.statuses().loops.files, 'Ready')?.lastTransitionTime).toEqual(t0);
     expect(events).toEqual([]);
   });
@@ -66,7 +66,7 @@ describe('Controller', () => {
       fail: (key, attempt) => (key === 'b' && attempt <= 2 ? new Error(`b broke (${attempt})`) : undefined),
     });
     const { c, clock } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect([...f.world.keys()].sort()).toEqual(['a', 'c']);
     let files = c.statuses().loops.files;
     expect(files?.failures.b).toMatchObject({ attempts: 1, terminal: false, message: 'b broke (1)' });
@@ -76,7 +76,7 @@ describe('Controller', () => {
 
     // While b waits out its backoff, another pass skips b but still applies a new key.
     extra.set('d', '1');
-    await c.runOnce();
+    await c.reconcileAll();
     expect(f.world.get('d')).toBe('1');
     expect(f.attempts.get('b')).toBe(1);
 
@@ -110,7 +110,7 @@ describe('Controller', () => {
     const gate = deferred();
     const f = fakeLoop({ name: 'files', gate: (k) => (k === 'slow' ? gate.promise : undefined) });
     const { c } = setup([f], spec, { concurrency: 2 });
-    const done = c.runOnce();
+    const done = c.reconcileAll();
     await until(() => f.world.has('x') && f.world.has('y'));
     expect(f.world.has('slow')).toBe(false);
     gate.resolve();
@@ -152,7 +152,7 @@ describe('Controller', () => {
     const spec = { current: specWith(1, { a: 1, b: 1 }) };
     const f = fakeLoop({ name: 'files' });
     const { c } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     spec.current = specWith(2, { a: 5, c: 1 });
     c.notify();
     await c.whenIdle();
@@ -180,7 +180,7 @@ describe('Controller', () => {
       },
     });
     const { c } = setup([sites, certs], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect([...sites.world.keys()]).toEqual(['site-a']); // certs ran first
 
     spec.current = specWith(2, { a: 1, b: 1 });
@@ -213,7 +213,7 @@ describe('Controller', () => {
       },
     });
     const { c } = setup([sites, certs, sockets], spec);
-    await c.runOnce();
+    await c.reconcileAll();
 
     // certs finishes first; its status change triggers sites while sockets is still applying.
     gate = deferred();
@@ -252,7 +252,7 @@ describe('Controller', () => {
     // The same dependencies, every status change a trigger (the default).
     const readsAll = fakeLoop({ name: 'readsAll', dependsOn: ['certs', 'sockets'], want: siteWorld });
     const { c, clock } = setup([sites, readsAll, certs, sockets], spec);
-    await c.runOnce();
+    await c.reconcileAll();
 
     // Still ordered: a new site waits for its socket.
     gate = deferred();
@@ -268,7 +268,7 @@ describe('Controller', () => {
     expect(socketThere).toEqual([true, true]);
 
     spec.current = specWith(3, { a: 1, b: 1, c: 1 });
-    await c.runOnce();
+    await c.reconcileAll();
     expect(c.statuses().loops.sockets?.failures.c).toBeDefined();
     const passes = { sites: c2passes(c, 'sites'), readsAll: c2passes(c, 'readsAll') };
     const changed: string[] = [];
@@ -304,7 +304,7 @@ describe('Controller', () => {
     const sites = fakeLoop({ name: 'sites', dependsOn: ['busy'] });
     const s = setup([sites, busy], spec);
     clock = s.clock;
-    void s.c.runOnce();
+    void s.c.reconcileAll();
     try {
       await until(() => sites.world.get('a') === '1');
       spec.current = specWith(2, { a: 1, b: 2 });
@@ -330,7 +330,7 @@ describe('Controller', () => {
       },
     });
     const { c } = setup([sites, certs], spec);
-    const first = c.runOnce();
+    const first = c.reconcileAll();
     try {
       await until(() => sites.world.get('a') === 'plain'); // certs' action is still held
       expect(certs.world.has('a')).toBe(false);
@@ -350,7 +350,7 @@ describe('Controller', () => {
     const slow = fakeLoop({ name: 'slow', gate: () => gate.promise });
     const fast = fakeLoop({ name: 'fast' });
     const { c } = setup([slow, fast], spec, { concurrency: 1 });
-    const first = c.runOnce();
+    const first = c.reconcileAll();
     try {
       await until(() => fast.world.size === 2);
       expect(slow.world.size).toBe(0);
@@ -368,7 +368,7 @@ describe('Controller', () => {
     const b = fakeLoop({ name: 'b', observeGate: () => gate?.promise });
     const { c } = setup([a, b], spec);
     expect(c.statuses().observedGeneration).toBe(0);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(c.statuses()).toMatchObject({ generation: 1, observedGeneration: 1 });
     gate = deferred();
     spec.current = specWith(2, { a: 2 });
@@ -410,7 +410,7 @@ describe('Controller', () => {
     });
     const sites = fakeLoop({ name: 'sites', dependsOn: ['sockets'], gate: () => gate?.promise });
     const { c } = setup([sites, sockets], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect([...sockets.world.keys()]).toEqual(['a']);
     gate = deferred();
     spec.current = specWith(2, { b: 1 });
@@ -451,11 +451,11 @@ describe('Controller', () => {
     let gate: ReturnType<typeof deferred> | undefined = deferred();
     const f = fakeLoop({ name: 'files', observeGate: () => gate?.promise });
     const { c } = setup([f], spec);
-    const first = c.runOnce();
+    const first = c.reconcileAll();
     await until(() => f.observes === 1);
     c.notify();
     c.notify();
-    const second = c.runOnce();
+    const second = c.reconcileAll();
     const g = gate;
     gate = undefined;
     g.resolve();
@@ -469,7 +469,7 @@ describe('Controller', () => {
     const spec = { current: specWith(1, { a: 1 }) };
     const f = fakeLoop({ name: 'files', requeue: (k) => (k === 'a' ? 10_000 : undefined) });
     const { c, clock } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(cond(c.statuses().loops.files, 'Ready')?.status).toBe('True');
     clock.advance(9_999);
     await c.whenIdle();
@@ -487,7 +487,7 @@ describe('Controller', () => {
       fail: (key, attempt) => (key === 'b' && attempt === 1 ? new Error('nginx -t failed') : undefined),
     });
     const { c, clock } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(f.batches).toEqual([['a', 'b', 'c']]);
     expect(c.statuses().loops.nginx?.failures.b?.message).toBe('nginx -t failed');
     clock.advance(1_000);
@@ -501,7 +501,7 @@ describe('Controller', () => {
     let broken = true;
     const f = fakeLoop({ name: 'files', observeError: () => (broken ? new Error('disk gone') : undefined) });
     const { c, clock } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(cond(c.statuses().loops.files, 'Degraded')).toMatchObject({ status: 'True', reason: 'PassFailed' });
     expect(c.counters().files?.errors).toBe(1);
     broken = false;
@@ -529,7 +529,7 @@ describe('Controller', () => {
     expect(f.applied).toEqual(['p']);
     expect(clock.pendingTimers()).toBe(0); // resync and retry timers are gone
     c.notify();
-    await c.runOnce();
+    await c.reconcileAll();
     clock.advance(10 * 60_000);
     await c.whenIdle();
     expect(f.observes).toBe(1);
@@ -544,7 +544,7 @@ describe('Controller', () => {
       observeError: () => observeErr,
     });
     const { c, clock } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(Object.keys(c.statuses().loops.files?.failures ?? {})).toEqual(['b']);
     spec.current = specWith(2, { a: 1 });
     c.notify();
@@ -553,7 +553,7 @@ describe('Controller', () => {
     expect(cond(c.statuses().loops.files, 'Ready')?.status).toBe('True');
 
     observeErr = new TerminalError('config dir is a file');
-    await c.runOnce();
+    await c.reconcileAll();
     expect(c.statuses().loops.files?.failures['(pass)']).toMatchObject({ terminal: true });
     const passes = c.counters().files?.passes;
     clock.advance(59_000); // no resync started, so only a retry timer could run it
@@ -576,7 +576,7 @@ describe('Controller', () => {
       random: () => 0.5,
     });
     controllers.push(c);
-    await c.runOnce();
+    await c.reconcileAll();
     expect(c.counters().files?.errors).toBe(1);
     broken = false;
     clock.advance(1_000);
@@ -590,7 +590,7 @@ describe('Controller', () => {
     const { c } = setup([f], spec);
     const events: [string, string[]][] = [];
     c.onStatus((loop, s) => events.push([loop, Object.keys(s.objects)]));
-    await c.runOnce();
+    await c.reconcileAll();
     expect(events).toEqual([['files', ['a', 'b', 'c']]]);
   });
 
@@ -610,7 +610,7 @@ describe('Controller', () => {
     const spec = { current: specWith(1, { a: 1 }) };
     const f = fakeLoop({ name: 'files' });
     const { c } = setup([f], spec);
-    await c.runOnce();
+    await c.reconcileAll();
     const plan = await c.dryRun(specWith(2, { a: 2, b: 1 }).state);
     expect(plan.files?.map((x) => [x.kind, x.key])).toEqual([
       ['update', 'a'],

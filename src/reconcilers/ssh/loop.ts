@@ -1,7 +1,11 @@
 // The SSH loop: desired = one socket per service + one connection per replica (targets.ts);
-// observed = what this process holds; plan = create/update/delete per service socket and per
-// replica, by fingerprint, so an unchanged replica is never touched. Tunnels live on their
-// own between passes (reconnect, keepalive, probes) and report `Ready` per replica as they go.
+// observed = what this process holds; plan (plan.ts) = create/update/delete per service
+// socket and per replica, by fingerprint, so an unchanged replica is never touched. Tunnels
+// live on their own between passes (reconnect, keepalive, probes) and report `Ready` per
+// replica as they go, through the handle the controller gives at start().
+//
+// Outputs, for Nginx, metrics and the CLI: per service its socket path (ServiceSocketOutputs,
+// while the socket listens), per replica its reconnects (ReplicaTunnelOutputs).
 //
 // A removed service is retired, not closed: its socket and tunnels keep serving until the loop
 // that routes to them (Nginx, `routedBy`) has finished a Ready pass without it, so no request
@@ -15,14 +19,16 @@ import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../../clock.js';
-import type { Action, BatchOutcome, Loop, LoopContext, StatusSnapshot, StatusWriter } from '../types.js';
+import { defineLoop, type Action, type BatchOutcome, type Loop, type LoopContext, type LoopHandle, type MetricFamily, type StatusSnapshot, type StatusWriter } from '../types.js';
 import { Balancer, type Upstream } from './balancer.js';
 import { HostKeyBook } from './host-keys.js';
-import { describeTarget, desiredFromSpec, type DesiredReplica, type DesiredSsh } from './targets.js';
+import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
 
 export { replicaObjectKey, SSH_LOOP } from '../outputs.js';
-import { replicaObjectKey, SSH_LOOP } from '../outputs.js';
+export type { ObservedSsh, Retiring, SshDesired, SshPayload } from './plan.js';
+import { planSsh, type ObservedSsh, type Retiring, type SshDesired, type SshPayload } from './plan.js';
+import { replicaObjectKey, SSH_LOOP, type ReplicaTunnelOutputs, type ServiceSocketOutputs } from '../outputs.js';
 
 export interface SshLoopOptions {
   /** Sockets go to <stateDir>/sockets unless socketDir is given. */
@@ -62,9 +68,7 @@ export interface SshLoopOptions {
 }
 
 export interface SshLoopStats {
-  /** Completed handshakes of whole hop chains. */
-  sshConnects: number;
-  tunnels: number;
+  /** Removed replicas whose open connections are still draining. */
   draining: number;
 }
 
@@ -75,48 +79,18 @@ interface Held {
   state: () => TunnelState;
 }
 
-export interface ObservedSsh {
-  /** Listening sockets, retiring ones included. */
-  services: Set<string>;
-  /** Held replicas, except those of retiring services (they close with their service). */
-  replicas: Map<string, { serviceKey: string; fingerprint: string }>;
-  /** Services removed from the spec whose socket still serves until nothing routes to it. */
-  retiring?: ReadonlyMap<string, Retiring>;
-  now?: number;
-}
-
-export interface Retiring {
-  /** The generation the service was first missing from. */
-  since: number;
-  /** When it was retired (epoch ms). */
-  at: number;
-  /** When the router was first seen past `since`. */
-  caughtUpAt: number | null;
-  /** Its replicas, kept in rotation until the socket closes. */
-  replicas: Set<string>;
-}
-
-export interface SshDesired extends DesiredSsh {
-  generation: number;
-  /** The newest generation the router has served in full (Ready); Infinity without a router. */
-  routedUpTo: number;
-}
-
-export type SshPayload =
-  | { what: 'service'; serviceKey: string }
-  | { what: 'close' | 'restore'; serviceKey: string }
-  | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null };
-
-export type SshLoop = Loop<SshDesired, ObservedSsh, SshPayload> & {
-  balancer: Balancer;
-  stats: SshLoopStats;
+export interface SshLoop extends Loop<SshDesired, ObservedSsh, SshPayload> {
+  /** The sockets and their replicas: the in-server proxy connects through it. */
+  readonly balancer: Balancer;
+  /** Drains in the background, which no status shows (the replica has left the document). */
+  readonly stats: Readonly<SshLoopStats>;
   /** Open connections through a replica in rotation (0 when unknown). */
   activeConnections(replicaId: string): number;
-  /** Successful SSH logins to a replica since the process started (1 + reconnects). */
-  connects(replicaId: string): number;
-  /** Closes every socket and connection at once (shutdown; after controller.stop()). */
+  /** Closes every socket and connection at once; the controller calls it after stop(). Idempotent. */
   close(): Promise<void>;
-};
+  /** tunnel_up and tunnel_reconnects_total, per replica held. */
+  metrics(): readonly MetricFamily[];
+}
 
 export function createSshLoop(o: SshLoopOptions): SshLoop {
   const clock = o.clock ?? systemClock;
@@ -135,17 +109,27 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const drainMs = o.drainMs ?? 30_000;
   const graceMs = o.retireGraceMs ?? 1_000;
   const draining = new Set<Promise<void>>();
-  const stats: SshLoopStats = { sshConnects: 0, tunnels: 0, draining: 0 };
-  /** Successful SSH logins per replica id, for the reconnect metric. */
+  const stats: SshLoopStats = { draining: 0 };
+  /** Successful SSH logins per replica id, for the reconnect output and metric. */
   const connects = new Map<string, number>();
-  let writer: StatusWriter | null = null;
+  const reconnects = (id: string): number => Math.max(0, (connects.get(id) ?? 0) - 1);
+  /** The live status between passes (tunnel events); from start(). */
+  let handle: LoopHandle | null = null;
+  let closing: Promise<void> | null = null;
 
-  const report = (d: DesiredReplica, s: TunnelState): void => {
+  /** What a tunnel reports about itself: its Ready condition and its reconnects. */
+  const report = (d: DesiredReplica, s: TunnelState, status: StatusWriter | undefined = handle?.status): void => {
     if (held.get(d.id)?.desired !== d) return; // replaced or removed meanwhile
-    writer?.set(replicaObjectKey(d.serviceKey, d.id), { type: 'Ready', status: s.ready ? 'True' : 'False', reason: s.reason, message: s.message });
+    if (status === undefined) return; // not started by a controller, or closed
+    const key = replicaObjectKey(d.serviceKey, d.id);
+    status.set(key, { type: 'Ready', status: s.ready ? 'True' : 'False', reason: s.reason, message: s.message });
+    status.setOutputs(key, { reconnects: reconnects(d.id) } satisfies ReplicaTunnelOutputs);
   };
 
-  const start = (d: DesiredReplica, ctx: LoopContext): void => {
+  const socketOutputs = (sk: string): ServiceSocketOutputs => ({ socketPath: balancer.socketPathFor(sk) });
+
+  /** Puts a replica in rotation; its tunnel, if it has one, starts connecting. */
+  const hold = (d: DesiredReplica, ctx: LoopContext): void => {
     const t = d.target;
     let h: Held;
     if (d.problem !== null) {
@@ -172,25 +156,24 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
           ctx.logger.info({ replica: d.id, service: d.serviceKey, reason: s.reason, ready: s.ready }, s.message);
         },
         onConnected: () => {
-          stats.sshConnects++;
           connects.set(d.id, (connects.get(d.id) ?? 0) + 1);
+          report(d, tunnel.state);
         },
       });
       h = { desired: d, tunnel, upstream: tunnel, state: () => tunnel.state };
     }
     held.set(d.id, h);
-    stats.tunnels = held.size;
     balancer.setReplica(d.serviceKey, d.id, h.upstream);
-    report(d, h.state());
+    report(d, h.state(), ctx.status);
     h.tunnel?.start();
   };
 
-  const stop = (id: string, serviceKey: string): void => {
+  /** Takes a replica out of rotation at once; its open connections drain in the background. */
+  const dropReplica = (id: string, serviceKey: string): void => {
     const h = held.get(id);
     balancer.removeReplica(serviceKey, id); // out of rotation at once
     if (!h) return;
     held.delete(id);
-    stats.tunnels = held.size;
     const p = balancer.drain(h.upstream, drainMs).then(() => h.tunnel?.close());
     draining.add(p);
     stats.draining = draining.size;
@@ -206,18 +189,22 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     retiring.delete(sk);
     for (const id of r?.replicas ?? []) {
       if (held.get(id)?.desired.serviceKey !== sk) continue; // reused by another service meanwhile
-      stop(id, sk);
+      dropReplica(id, sk);
       ctx.status.delete(replicaObjectKey(sk, id));
     }
     await balancer.unlisten(sk);
+    ctx.status.setOutputs(sk, undefined);
   };
 
-  return {
+  const loop = defineLoop({
     name: SSH_LOOP,
     ...(o.routedBy ? { watches: [o.routedBy] } : {}),
     balancer,
     stats,
-    connects: (replicaId) => connects.get(replicaId) ?? 0,
+
+    start(h: LoopHandle): void {
+      handle = h;
+    },
 
     desired(spec: ProxyState, statuses: StatusSnapshot): SshDesired {
       let routedUpTo = Infinity;
@@ -237,46 +224,21 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         keep.push(key);
         const st = h.state();
         ctx.status.set(key, { type: 'Ready', status: st.ready ? 'True' : 'False', reason: st.reason, message: st.message });
+        ctx.status.setOutputs(key, { reconnects: reconnects(id) } satisfies ReplicaTunnelOutputs);
+      }
+      for (const sk of balancer.listening()) {
+        keep.push(sk);
+        ctx.status.setOutputs(sk, socketOutputs(sk));
       }
       ctx.status.prune(keep);
       return { services: new Set(balancer.listening()), replicas, retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])), now: ctx.clock.now() };
     },
 
     plan(desired: SshDesired, observed: ObservedSsh): Action<SshPayload>[] {
-      const actions: Action<SshPayload>[] = [];
-      const gone = observed.retiring ?? new Map<string, Retiring>();
-      for (const sk of desired.services) {
-        if (gone.has(sk)) actions.push({ key: `service:${sk}`, kind: 'restore', summary: `keep the socket of ${sk} (back in the document)`, payload: { what: 'restore', serviceKey: sk } });
-        else if (!observed.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'create', summary: `listen on the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
-      }
-      for (const sk of observed.services) {
-        if (desired.services.has(sk)) continue;
-        const r = gone.get(sk);
-        if (!r) actions.push({ key: `service:${sk}`, kind: 'delete', summary: `close the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
-        else if (desired.routedUpTo >= r.since || (observed.now ?? 0) - r.at >= drainMs) {
-          actions.push({ key: `service:${sk}`, kind: 'close', summary: `close the socket of ${sk}: nothing routes to it any more`, payload: { what: 'close', serviceKey: sk } });
-        }
-      }
-      for (const [id, d] of desired.replicas) {
-        const cur = observed.replicas.get(id);
-        if (cur?.fingerprint === d.fingerprint) continue;
-        const kind = cur ? 'update' : 'create';
-        actions.push({
-          key: `replica:${id}`,
-          kind,
-          summary: `${kind === 'create' ? 'open' : 'reopen'} the tunnel of replica ${id} of ${d.serviceKey} (${describeTarget(d.target)})`,
-          payload: { what: 'replica', replica: d, previous: cur ? { serviceKey: cur.serviceKey } : null },
-        });
-      }
-      for (const [id, cur] of observed.replicas) {
-        if (desired.replicas.has(id)) continue;
-        actions.push({ key: `replica:${id}`, kind: 'delete', summary: `close the tunnel of replica ${id} of ${cur.serviceKey}`, payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } } });
-      }
-      return actions;
+      return planSsh(desired, observed, drainMs);
     },
 
     async applyBatch(actions: Action<SshPayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
-      writer = ctx.status;
       const outcomes = new Map<string, BatchOutcome>();
       const listen: string[] = [];
       const unlisten: string[] = [];
@@ -321,10 +283,10 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
           const prev = p.previous ?? (held.has(id) ? { serviceKey: held.get(id)!.desired.serviceKey } : null);
           if (prev) {
             retiring.get(prev.serviceKey)?.replicas.delete(id);
-            stop(id, prev.serviceKey);
+            dropReplica(id, prev.serviceKey);
             ctx.status.delete(replicaObjectKey(prev.serviceKey, id));
           }
-          if (p.replica) start(p.replica, ctx);
+          if (p.replica) hold(p.replica, ctx);
           outcomes.set(action.key, 'done');
         } catch (error) {
           outcomes.set(action.key, { error });
@@ -341,7 +303,14 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         ),
       );
       const failed = await balancer.listenAll(listen);
-      for (const sk of listen) outcomes.set(`service:${sk}`, failed.has(sk) ? { error: failed.get(sk) } : 'done');
+      for (const sk of listen) {
+        if (failed.has(sk)) {
+          outcomes.set(`service:${sk}`, { error: failed.get(sk) });
+          continue;
+        }
+        ctx.status.setOutputs(sk, socketOutputs(sk));
+        outcomes.set(`service:${sk}`, 'done');
+      }
       return outcomes;
     },
 
@@ -350,14 +319,39 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       return h ? balancer.activeConnections(h.upstream) : 0;
     },
 
-    async close(): Promise<void> {
-      for (const h of held.values()) h.tunnel?.close();
-      held.clear();
-      retiring.clear();
-      await balancer.close(); // destroys open connections: drains end at once
-      await Promise.all(draining);
+    close(): Promise<void> {
+      closing ??= (async () => {
+        handle = null;
+        for (const h of held.values()) h.tunnel?.close();
+        held.clear();
+        retiring.clear();
+        await balancer.close(); // destroys open connections: drains end at once
+        await Promise.all(draining);
+      })();
+      return closing;
     },
-  };
+
+    metrics(): readonly MetricFamily[] {
+      const replicas = (): [string, string, TunnelState][] => [...held].map(([id, h]) => [h.desired.serviceKey, id, h.state()]);
+      return [
+        {
+          name: 'tunnel_up',
+          help: 'Per replica tunnel: 1 when Ready.',
+          type: 'gauge',
+          labelNames: ['service', 'replica', 'state'],
+          read: () => replicas().map(([service, replica, s]) => [{ service, replica, state: s.ready ? 'Ready' : s.reason }, s.ready ? 1 : 0]),
+        },
+        {
+          name: 'tunnel_reconnects_total',
+          help: 'Per replica tunnel reconnects.',
+          type: 'counter',
+          labelNames: ['service', 'replica'],
+          read: () => replicas().map(([service, replica]) => [{ service, replica }, reconnects(replica)]),
+        },
+      ];
+    },
+  });
+  return loop satisfies SshLoop;
 }
 
 function openTcp(host: string, port: number, timeoutMs: number): Promise<Duplex> {

@@ -5,7 +5,7 @@ import { pino } from 'pino';
 import { Controller } from '../../../src/reconcilers/controller.js';
 import type { Condition } from '../../../src/reconcilers/conditions.js';
 import { createSshLoop, replicaObjectKey, type SshLoop, type SshLoopOptions } from '../../../src/reconcilers/ssh/index.js';
-import type { AnyLoop } from '../../../src/reconcilers/types.js';
+import { replicaTunnelOutputs } from '../../../src/reconcilers/outputs.js';
 import { emptyState, type ProxyState, type Replica } from '../../../src/spec/types.js';
 import { eventually } from '../../helpers/nginx.js';
 import { tmpDir } from '../../helpers/tmp.js';
@@ -41,6 +41,10 @@ export interface Harness {
   resync(): Promise<void>;
   conditions(serviceKey: string, replicaId: string): Condition[] | undefined;
   ready(serviceKey: string, replicaId: string): Condition | undefined;
+  /** The replica's published reconnects (logins after the first), undefined when not held. */
+  reconnects(serviceKey: string, replicaId: string): number | undefined;
+  /** The status keys of the replicas held (those with tunnel outputs). */
+  replicaKeys(): string[];
   /** Waits until the replica's Ready condition has `reason`. */
   waitReason(serviceKey: string, replicaId: string, reason: string, timeoutMs?: number): Promise<Condition>;
   get(serviceKey: string, path?: string): Promise<Reply>;
@@ -60,13 +64,18 @@ export async function startHarness(initial: ProxyState, opts: Partial<SshLoopOpt
     drainMs: 2_000,
     ...opts,
   });
-  const controller = new Controller({ loops: [loop as unknown as AnyLoop], getSpec: () => current, logger: pino({ level: 'silent' }) });
+  const controller = new Controller({ loops: [loop], getSpec: () => current, logger: pino({ level: 'silent' }) });
   await controller.start();
   const conditions = (sk: string, id: string): Condition[] | undefined => controller.statuses().loops.ssh?.objects[replicaObjectKey(sk, id)]?.conditions;
   const ready = (sk: string, id: string): Condition | undefined => conditions(sk, id)?.find((c) => c.type === 'Ready');
   return {
     loop,
     controller,
+    reconnects: (sk, id) => replicaTunnelOutputs(controller.statuses(), sk, id)?.reconnects,
+    replicaKeys: () =>
+      Object.entries(controller.statuses().loops.ssh?.objects ?? {})
+        .filter(([, o]) => o.outputs?.reconnects !== undefined)
+        .map(([k]) => k),
     async put(state) {
       current = { state, generation: current.generation + 1 };
       controller.notify();
@@ -87,8 +96,7 @@ export async function startHarness(initial: ProxyState, opts: Partial<SshLoopOpt
       }),
     get: (sk, path = '/') => httpOverSocket(loop.balancer.socketPathFor(sk), path),
     async close() {
-      await controller.stop();
-      await loop.close();
+      await controller.stop(); // closes the loop: its sockets and tunnels
       cleanup();
     },
   };

@@ -86,13 +86,13 @@ describe('hop chains through the balancer socket', () => {
       plain: [{ id: 'd1', appPort: appPorts[1]!, direct: { host: '127.0.0.1', port: appPorts[1]! } }],
     });
     const accepted = sshds.map((s) => s.accepted());
-    const connects = h.loop.stats.sshConnects;
+    const reconnects = h.reconnects(SK, 'r1'); // r1 is the one SSH replica
     const since = h.ready(SK, 'r1')?.lastTransitionTime;
     await h.put(structuredClone(spec));
     await h.resync();
     await h.put(structuredClone(spec));
     expect(sshds.map((s) => s.accepted())).toEqual(accepted);
-    expect(h.loop.stats.sshConnects).toBe(connects);
+    expect(h.reconnects(SK, 'r1')).toBe(reconnects);
     expect(h.ready(SK, 'r1')?.lastTransitionTime).toEqual(since);
     expect(h.controller.counters().ssh?.actionsApplied).toBeGreaterThan(0);
     const plan = await h.controller.dryRun(spec);
