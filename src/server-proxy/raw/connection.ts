@@ -21,12 +21,12 @@ import type { Socket } from 'node:net';
 import { headerObject } from '../../http1/field.js';
 import { plainIp } from '../headers.js';
 import type { ProxyRequest, ProxyResponse } from '../http-proxy.js';
+import { SERVICES_PATH } from '../paths.js';
 import { parseRequestHead, type RequestHead } from './request-head.js';
 
 /** A body up to this size is read whole and sent as one Buffer; a larger one goes to Node's server. */
 export const MAX_BUFFERED_BODY = 64 * 1024;
 
-const PREFIX = '/proxy/services/';
 /** A head still incomplete at this size goes to Node's server. */
 const PARTIAL_HEAD_LIMIT = 4 * 1024;
 
@@ -316,7 +316,7 @@ export class RawConnection {
       head.expect ||
       head.upgrade ||
       length > MAX_BUFFERED_BODY ||
-      !head.target.startsWith(PREFIX) ||
+      !head.target.startsWith(SERVICES_PATH) ||
       this.o.closing()
     ) {
       this.#handover();
