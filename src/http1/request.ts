@@ -1,6 +1,6 @@
 // The promise form of Http1Pool.dispatch: resolves at the response head with the body as a
 // Readable that reads from the replica only as fast as it is consumed. For callers that want a
-// stream, not a handler (the model API).
+// stream, not a handler.
 
 import { Readable } from 'node:stream';
 import type { Http1Pool } from './pool.js';
