@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Installs what `npm start`, `npm test` and `npm run bench` need and a fresh Debian machine
-// lacks: the Debian packages of TESTING.md and node_modules. Idempotent and quiet when
+// lacks: the Debian packages in PACKAGES below and node_modules. Idempotent and quiet when
 // everything is there. Plain Node (no dependencies): it runs before `npm ci`.
 
 import { execFileSync, spawnSync } from 'node:child_process';

@@ -5,11 +5,10 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { parseArgs } from 'node:util';
 import { detectFormat } from '../spec/index.js';
-import { CLIENT_HELP, CLIENT_OPTIONS, ClientError, openClient, type Client } from './client.js';
+import { CLIENT_HELP, CLIENT_OPTIONS, openClient, withClient, type Client } from './client.js';
 import type { Command, Io } from './command.js';
 import { UsageError } from './command.js';
 import { paint, parseDuration } from './format.js';
-import { printClientError } from './plan.js';
 import { readDocumentArg } from './read-input.js';
 import { assess, progressLine } from './status.js';
 
@@ -63,8 +62,8 @@ Exit codes: 0 applied and converged (or no changes), 1 rejected, failed or timed
       }
       const doc = await readDocumentArg(values.file, io);
       const client = await openClient(values, io);
-      try {
-        const res = await client.putState(doc.text, {
+      return withClient('apply', client, io, async (c) => {
+        const res = await c.putState(doc.text, {
           yaml: detectFormat(doc.text, doc.name) === 'yaml',
           dryRun: false,
           ...(ifMatch === undefined ? {} : { ifMatch }),
@@ -76,14 +75,8 @@ Exit codes: 0 applied and converged (or no changes), 1 rejected, failed or timed
         const d = res.plan.document;
         io.stdout(`applied generation ${res.generation}: ${d.added} added, ${d.changed} changed, ${d.removed} removed\n`);
         if (values['no-wait']) return 0;
-        return await waitForConvergence(client, res.generation, timeoutMs, io, { pollIntervalMs, now });
-      } catch (err) {
-        if (!(err instanceof ClientError)) throw err;
-        printClientError('apply', err, io);
-        return 1;
-      } finally {
-        await client.close();
-      }
+        return await waitForConvergence(c, res.generation, timeoutMs, io, { pollIntervalMs, now });
+      });
     },
   };
 }

@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises';
 import { Agent, request } from 'undici';
 import type { Plan } from '../api/runtime.js';
 import type { LoopStatus } from '../reconcilers/types.js';
-import type { SpecIssue } from '../spec/index.js';
+import { formatIssue, type SpecIssue } from '../spec/index.js';
 import type { Io } from './command.js';
 import { UsageError } from './command.js';
 
@@ -61,6 +61,32 @@ export interface Client {
   putState(body: string, opts: { yaml: boolean; dryRun: boolean; ifMatch?: number }): Promise<PutStateResponse>;
   status(): Promise<StatusResponse>;
   close(): Promise<void>;
+}
+
+/** A failed call as the commands print it: the document's problems one a line, else the one message. */
+export function printClientError(command: string, err: ClientError, io: Io): void {
+  if (err.issues.length > 0) {
+    io.stderr(`dstack-proxy ${command}: the gateway rejected the document:\n`);
+    for (const issue of err.issues) io.stderr(`${formatIssue(issue)}\n`);
+  } else {
+    io.stderr(`dstack-proxy ${command}: ${err.message}\n`);
+  }
+}
+
+/**
+ * Run `use` with an open client and close the client after. A ClientError is printed
+ * (printClientError) and exits 1; any other error is a bug and propagates.
+ */
+export async function withClient(command: string, client: Client, io: Io, use: (client: Client) => Promise<number>): Promise<number> {
+  try {
+    return await use(client);
+  } catch (err) {
+    if (!(err instanceof ClientError)) throw err;
+    printClientError(command, err, io);
+    return 1;
+  } finally {
+    await client.close();
+  }
 }
 
 /** Resolve --url and --token-file (flags, then env) and open a client. */

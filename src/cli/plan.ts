@@ -4,8 +4,8 @@
 
 import { parseArgs } from 'node:util';
 import type { Plan } from '../api/runtime.js';
-import { detectFormat, formatIssue, type ObjectChange } from '../spec/index.js';
-import { CLIENT_HELP, CLIENT_OPTIONS, ClientError, openClient, type PutStateResponse } from './client.js';
+import { detectFormat, type ObjectChange } from '../spec/index.js';
+import { CLIENT_HELP, CLIENT_OPTIONS, openClient, withClient, type PutStateResponse } from './client.js';
 import type { Command, Io } from './command.js';
 import { UsageError } from './command.js';
 import { colourDiff, paint, plural, showValue, type Paint } from './format.js';
@@ -48,32 +48,17 @@ Exit codes: 0 no changes, 2 changes, 1 error (invalid document, gateway unreacha
       io.stderr(`dstack-proxy plan: ${err.message}\n`);
       return 1;
     }
-    try {
-      const res = await client.putState(doc.text, { yaml: detectFormat(doc.text, doc.name) === 'yaml', dryRun: true });
+    return withClient('plan', client, io, async (c) => {
+      const res = await c.putState(doc.text, { yaml: detectFormat(doc.text, doc.name) === 'yaml', dryRun: true });
       io.stdout(renderPlan(res, io));
       return hasChanges(res.plan) ? EXIT_CHANGES : 0;
-    } catch (err) {
-      if (!(err instanceof ClientError)) throw err;
-      printClientError('plan', err, io);
-      return 1;
-    } finally {
-      await client.close();
-    }
+    });
   },
 };
 
 /** Document changes, or any loop action (drift, a foreign file in the way) count as changes. */
 export function hasChanges(plan: Plan): boolean {
   return plan.document.changes.length > 0 || Object.values(plan.loops).some((l) => l.actions.length > 0);
-}
-
-export function printClientError(command: string, err: ClientError, io: Io): void {
-  if (err.issues.length > 0) {
-    io.stderr(`dstack-proxy ${command}: the gateway rejected the document:\n`);
-    for (const issue of err.issues) io.stderr(`${formatIssue(issue)}\n`);
-  } else {
-    io.stderr(`dstack-proxy ${command}: ${err.message}\n`);
-  }
 }
 
 export function renderPlan(res: PutStateResponse, io: Io): string {

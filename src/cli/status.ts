@@ -5,7 +5,7 @@
 import { parseArgs } from 'node:util';
 import type { Condition } from '../reconcilers/conditions.js';
 import type { LoopStatus } from '../reconcilers/types.js';
-import { CLIENT_HELP, CLIENT_OPTIONS, ClientError, openClient, type StatusResponse } from './client.js';
+import { CLIENT_HELP, CLIENT_OPTIONS, openClient, withClient, type StatusResponse } from './client.js';
 import type { Command, Io } from './command.js';
 import { age, paint, table } from './format.js';
 
@@ -112,18 +112,12 @@ Exit codes: 0 the status was read (converged or not), 1 error, 2 usage error.`,
         strict: true,
       });
       const client = await openClient(values, io);
-      try {
-        const s = await client.status();
+      return withClient('status', client, io, async (c) => {
+        const s = await c.status();
         if (values.json) io.stdout(`${JSON.stringify(s, null, 2)}\n`);
         else io.stdout(renderStatus(s, io, { now: now(), wide: values.wide === true }));
         return 0;
-      } catch (err) {
-        if (!(err instanceof ClientError)) throw err;
-        io.stderr(`dstack-proxy status: ${err.message}\n`);
-        return 1;
-      } finally {
-        await client.close();
-      }
+      });
     },
   };
 }

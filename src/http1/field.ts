@@ -1,6 +1,7 @@
 // Pieces of header-field parsing (RFC 9110 §5) shared by the response parser (parser.ts) and the
 // in-server proxy's request-head parser (server-proxy/raw/request-head.ts): small enough for V8
-// to inline into their loops.
+// to inline into their loops. Also the one folding of a raw `[name, value, …]` list into a
+// header object, for the model API's responses and the raw fast path's requests.
 
 /** SP or HTAB: optional whitespace around a field value. */
 export function isOws(c: number): boolean {
@@ -37,4 +38,21 @@ export function hasDuplicateHost(raw: readonly string[]): boolean {
     }
   }
   return false;
+}
+
+/**
+ * Lower-case names; repeated headers joined with ', ', set-cookie kept as a list (its values may
+ * contain commas), as Node's IncomingMessage.headers. No prototype: a name is never an inherited key.
+ */
+export function headerObject(raw: readonly string[]): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = Object.create(null) as Record<string, string | string[]>;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    const value = raw[i + 1]!;
+    const prev = out[name];
+    if (prev === undefined) out[name] = name === 'set-cookie' ? [value] : value;
+    else if (Array.isArray(prev)) prev.push(value);
+    else out[name] = `${prev}, ${value}`;
+  }
+  return out;
 }

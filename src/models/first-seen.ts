@@ -2,9 +2,8 @@
 // restarts and re-PUTs. The gateway keeps it in a small JSON file in its state dir (0600, atomic
 // temp + rename); the in-server proxy can keep it in its database behind the same interface.
 
-import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, rename, writeFile } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { readFile } from 'node:fs/promises';
+import { writeAtomic } from '../write-atomic.js';
 
 export interface FirstSeenStore {
   /**
@@ -75,10 +74,7 @@ export function fileFirstSeenStore(path: string): FirstSeenStore {
 
   async function save(seen: Map<string, number>): Promise<void> {
     const text = `${JSON.stringify({ version: 1, firstSeen: Object.fromEntries([...seen].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) }, null, 2)}\n`;
-    await mkdir(dirname(path), { recursive: true });
-    const tmp = `${path}.${randomBytes(6).toString('hex')}.tmp`;
-    await writeFile(tmp, text, { mode: 0o600 });
-    await rename(tmp, path);
+    await writeAtomic(path, text, { mode: 0o600, makeDir: true });
   }
 
   return {

@@ -7,74 +7,14 @@
 // alive, stream the response body, and read a small non-streaming answer whole (upstream.ts).
 
 import { createHash, timingSafeEqual } from 'node:crypto';
-import { EventEmitter } from 'node:events';
 import type { IncomingHttpHeaders } from 'node:http';
 import { connect as netConnect, isIP } from 'node:net';
-import type { Duplex, Readable } from 'node:stream';
-import { Http1Pool } from '../http1/index.js';
+import { Http1Pool, type ConnectFn } from '../http1/index.js';
 import type { Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { ModelApiError } from './errors.js';
+import type { ForwardedClient, Forwarder, ForwarderTimeouts } from './types.js';
 import { exchange } from './upstream.js';
-
-export interface UpstreamRequest {
-  /** Path on the replica, e.g. `/v1/chat/completions` or `/generate_stream`. */
-  path: string;
-  body: Buffer | string;
-  /** Aborted when the client goes away: the replica stops generating. */
-  signal: ClientAbort;
-  /** Who asked: the Nginx forwarder passes it on so that per-client limits apply. */
-  client?: ForwardedClient;
-}
-
-/** The client of a model API request, as the forwarder passes it on. */
-export interface ForwardedClient {
-  /** The client's IP address. */
-  address: string;
-  /** The forwarding chain, ending with `address`. */
-  forwardedFor: string;
-  /** 'http' or 'https', as the client spoke to the first hop. */
-  proto: string;
-  /** The client's request headers (lower-case names), for limits keyed by a header. */
-  headers: Record<string, string | string[] | undefined>;
-}
-
-/**
- * Emits 'abort' once when the client goes away. An EventEmitter rather than an AbortController:
- * creating one and listening on its signal cost more CPU per request than the rest of the
- * plugin's own work.
- */
-export class ClientAbort extends EventEmitter {
-  aborted = false;
-
-  abort(): void {
-    if (this.aborted) return;
-    this.aborted = true;
-    this.emit('abort');
-  }
-}
-
-export interface UpstreamResponse {
-  status: number;
-  headers: Record<string, string | string[] | undefined>;
-  /**
-   * A Readable that streams as the replica sends (consume or destroy it), or a Buffer when the
-   * forwarder read a small answer whole.
-   */
-  body: Readable | Buffer;
-}
-
-export interface Forwarder {
-  forward(service: Service, request: UpstreamRequest): Promise<UpstreamResponse>;
-  close(): Promise<void>;
-}
-
-export interface ForwarderTimeouts {
-  /** Time to the response headers: beyond it the client gets 504. Default 300 s (dstack's proxy_read_timeout). */
-  headersTimeoutMs?: number;
-  /** Longest silence inside a body (between tokens). Default 300 s. */
-  bodyTimeoutMs?: number;
-}
 
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 300_000; // 300 s
 
@@ -171,9 +111,6 @@ function clientHeaders(service: Service, client: ForwardedClient | undefined): s
   }
   return out;
 }
-
-/** Opens a byte stream to a Ready replica of the service (the SSH loop's balancer). */
-export type ConnectFn = (serviceKey: string) => Duplex | Promise<Duplex>;
 
 export interface ConnectForwarderOptions extends ForwarderTimeouts {
   /** Most keep-alive connections per service. Default 64. */

@@ -15,11 +15,12 @@ import { serviceKey } from '../spec/types.js';
 import { catalogOf, observeModels, type ModelEntry } from './catalog.js';
 import { ModelApiError, toModelError, unauthorized, upstreamError } from './errors.js';
 import { memoryFirstSeenStore, modelKey, type FirstSeenStore } from './first-seen.js';
-import { ClientAbort, peerClient, type ForwardedClient, type UpstreamRequest, type UpstreamResponse } from './forwarders.js';
+import { peerClient } from './forwarders.js';
 import { chatRequest, parseJsonBody, tgiParams, type ChatRequest } from './request.js';
 import { dataLines, DONE_FRAME, errorFrame } from './sse.js';
 import { renderPrompt } from './template.js';
 import { stopList, tgiCompletion, tgiPayload, tgiStreamConverter } from './tgi.js';
+import { ClientAbort, type ForwardedClient, type UpstreamRequest, type UpstreamResponse } from './types.js';
 
 export interface ModelApiOptions {
   /** '/api/models/:project', '/proxy/models/:project', or '' with `project` set. */

@@ -6,7 +6,7 @@
 
 import { Readable } from 'node:stream';
 import { headerObject, Http1Error, withErrorPath, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
-import type { ClientAbort, UpstreamResponse } from './forwarders.js';
+import type { ClientAbort, UpstreamResponse } from './types.js';
 
 /** A non-streaming answer up to this size is read whole before the promise resolves. */
 export const MAX_WHOLE_BODY = 64 * 1024; // 64 KiB

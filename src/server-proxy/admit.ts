@@ -51,7 +51,7 @@ export interface AdmitContext {
 
 /** Synchronous unless the service uses proxy auth (then the control server may be asked). */
 export function admit(ctx: AdmitContext, t: ProxyTarget, req: AdmitRequest, clientIp: string): Admission | Promise<Admission> {
-  const key = `${t.project}/${t.run}`;
+  const key = serviceKey(t);
   const service = ctx.index.get(key);
   if (!service || service.replicas.length === 0) return { ok: false, status: 404, detail: `Service ${key} not found` };
   if (!service.auth) return limits(ctx, t, req, clientIp, service, key);

@@ -21,6 +21,7 @@ import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import type { Logger } from 'pino';
 import { hasDuplicateHost, withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
+import { hasBody, sendDetail } from './detail.js';
 import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
 import type { InProcessStats } from './stats.js';
@@ -66,24 +67,6 @@ export class BodyTooLargeError extends Error {
     super(`Request body is larger than ${limit} bytes`);
     this.name = 'BodyTooLargeError';
   }
-}
-
-export function hasBody(req: ProxyRequest): boolean {
-  const cl = req.headers['content-length'];
-  return req.headers['transfer-encoding'] !== undefined || (cl !== undefined && cl !== '0');
-}
-
-/** A JSON `{detail}` answer. An unread request body is not drained: the connection closes. */
-export function sendDetail(req: ProxyRequest, res: ProxyResponse, status: number, detail: string, extra: Record<string, string> = {}): void {
-  if (res.headersSent) {
-    res.destroy();
-    return;
-  }
-  const body = JSON.stringify({ detail });
-  const headers: Record<string, string | number> = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...extra };
-  if (hasBody(req) && !req.readableEnded) headers.connection = 'close';
-  res.writeHead(status, headers);
-  res.end(body);
 }
 
 /**

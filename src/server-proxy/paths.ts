@@ -6,6 +6,8 @@
 // matched it is sent normalised (else the replica could resolve it to a path the limits did not see).
 
 export const SERVICES_PREFIX = '/proxy/services';
+/** What every proxied path starts with: a cheap first test before parseProxyTarget. */
+export const SERVICES_PATH = `${SERVICES_PREFIX}/`;
 
 export interface ProxyTarget {
   project: string;
@@ -47,8 +49,8 @@ export function parseProxyTarget(url: string): ProxyTarget | null {
 }
 
 function splitService(path: string): { project: string; run: string; runEnd: number } | null {
-  if (!path.startsWith(`${SERVICES_PREFIX}/`)) return null;
-  const from = SERVICES_PREFIX.length + 1;
+  if (!path.startsWith(SERVICES_PATH)) return null;
+  const from = SERVICES_PATH.length;
   const s1 = path.indexOf('/', from);
   if (s1 === -1 || s1 === from) return null;
   const s2 = path.indexOf('/', s1 + 1);

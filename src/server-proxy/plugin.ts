@@ -5,28 +5,26 @@
 //
 // The proxy runs in the route's onRequest hook and hijacks the reply there: fastify never reads
 // or parses the body (no content-type parser, no bodyLimit, no 415 for odd media types).
-// On a plain HTTP/1 server (no trustProxy), requests under /proxy/services/ go straight from the
-// server's 'request' event to the proxy (`fastPath`, default on): fastify's routing, request and
-// reply objects cost more than the proxying itself. The routes stay for app.inject() and for
-// servers where the fast path is off; both run the same proxyHttp.
+// On a plain HTTP/1 server (no trustProxy), requests under /proxy/services/ bypass fastify
+// (`fastPath`, default on; fast-path.ts says how and why). The routes stay for app.inject() and
+// for servers where the fast path is off; both run the same proxyHttp.
 
 import type { FastifyInstance, FastifyReply, FastifyRequest, HookHandlerDoneFunction } from 'fastify';
-import { maxHeaderSize as defaultMaxHeaderSize, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
-import { Server as TlsServer } from 'node:tls';
+import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { ServiceIndex, type Authorize } from './admit.js';
+import { rawDetail, sendDetail } from './detail.js';
 import { plainIp } from './headers.js';
-import { proxyHttp, sendDetail, type HttpProxyContext, type ProxyRequest, type ProxyResponse } from './http-proxy.js';
+import { installFastPath } from './fast-path.js';
+import { proxyHttp, type HttpProxyContext } from './http-proxy.js';
 import { SERVICES_PREFIX } from './paths.js';
-import { RawConnection } from './raw/connection.js';
 import { RateLimiter } from './rate-limit.js';
 import { createInProcessStats, type InProcessStats } from './stats.js';
 import { DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_READ_TIMEOUT_MS, UpstreamPools, type ConnectFn } from './upstream.js';
-import { handleUpgrade, rawReply, type UpgradeContext } from './websocket.js';
+import { handleUpgrade, type UpgradeContext } from './websocket.js';
 
 export interface ServerProxyOptions {
   /** The current document; called per request (cheap: the service index is rebuilt only when the object changes). */
@@ -127,7 +125,7 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     const s = socket as Duplex & { remoteAddress?: string; encrypted?: boolean };
     const handled = handleUpgrade(ctx, req, socket, head, plainIp(s.remoteAddress), s.encrypted ? 'https' : 'http');
     // Alone on the server, nobody else will answer an upgrade elsewhere.
-    if (!handled && app.server.listenerCount('upgrade') === 1) rawReply(socket, 404, { 'Content-Type': 'application/json' }, '{"detail":"Not Found"}');
+    if (!handled && app.server.listenerCount('upgrade') === 1) rawDetail(socket, 404, 'Not Found');
   };
   app.server.on('upgrade', onUpgrade);
   app.addHook('preClose', async () => {
@@ -140,74 +138,4 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     await pools.close();
   });
   return { stats, limiter, pools };
-}
-
-const FAST_PREFIX = `${SERVICES_PREFIX}/`;
-
-/**
- * Put the proxy in front of Node's HTTP handling for /proxy/services/ requests, on a plain
- * HTTP/1 server with fastify as its only listener and no trustProxy (req.ip and req.protocol
- * would then come from X-Forwarded-*); otherwise the fastify routes serve. Two layers:
- * - connections start on the raw path (raw/connection.ts), which serves simple proxied requests
- *   itself and hands everything else to Node's server;
- * - on Node's server, the 'request' listener proxies /proxy/services/ before fastify routes.
- * Returns the raw connections open now (closed at shutdown), or null when the fast path is off.
- */
-function installFastPath(app: FastifyInstance, ctx: HttpProxyContext, closing: () => boolean, logger: Logger | undefined): Set<RawConnection> | null {
-  const config = app.initialConfig as { http2?: boolean; trustProxy?: unknown };
-  const server = app.server as unknown as Server;
-  if (config.http2 || config.trustProxy || server.listenerCount('request') !== 1) return null;
-  const fastify = server.listeners('request')[0] as (req: IncomingMessage, res: ServerResponse) => void;
-  const serve = (req: ProxyRequest, res: ProxyResponse, clientIp: string, proto: string): void => {
-    try {
-      proxyHttp(ctx, req, res, clientIp, proto);
-    } catch (err) {
-      logger?.error({ err }, 'server proxy failed');
-      sendDetail(req, res, 500, 'Internal Server Error');
-    }
-  };
-  server.removeListener('request', fastify);
-  server.on('request', function onRequest(this: Server, req: IncomingMessage, res: ServerResponse): void {
-    if (!req.url?.startsWith(FAST_PREFIX) || closing()) return fastify.call(this, req, res);
-    const socket = req.socket as Socket & { encrypted?: boolean };
-    serve(req, res, plainIp(socket.remoteAddress), socket.encrypted ? 'https' : 'http');
-  });
-
-  const open = new Set<RawConnection>();
-  // TLS servers hand Node's listener TLS sockets on 'secureConnection': the raw path is for plain TCP only.
-  if (server instanceof TlsServer || server.listenerCount('connection') !== 1) return open;
-  const node = server.listeners('connection')[0] as (socket: Socket) => void;
-  server.removeListener('connection', node);
-  const options = {
-    serve: (req: ProxyRequest, res: ProxyResponse, clientIp: string) => serve(req, res, clientIp, 'http'),
-    handover(socket: Socket, pending: Buffer | null): void {
-      // Node's server reads through 'data' events when the handle is marked consumed (as for a
-      // socket someone read before): the bytes put back with unshift then come first, in order.
-      const handle = (socket as Socket & { _handle?: { _consumed?: boolean } | null })._handle;
-      if (handle) handle._consumed = true;
-      node.call(server, socket);
-      if (pending !== null) socket.unshift(pending);
-    },
-    closing,
-    get keepAliveTimeoutMs(): number {
-      return server.keepAliveTimeout > 0 ? server.keepAliveTimeout : 5_000;
-    },
-    get headersTimeoutMs(): number {
-      return server.headersTimeout > 0 ? server.headersTimeout : 60_000;
-    },
-    get maxHeaderSize(): number {
-      return (server as Server & { maxHeaderSize?: number }).maxHeaderSize ?? defaultMaxHeaderSize;
-    },
-  };
-  const gone = (c: RawConnection): void => void open.delete(c);
-  const sweeper = setInterval(() => {
-    const now = Date.now();
-    for (const c of open) c.sweep(now);
-  }, 1_000).unref();
-  server.once('close', () => clearInterval(sweeper));
-  server.on('connection', function onConnection(this: Server, socket: Socket): void {
-    if (closing()) return node.call(this, socket);
-    open.add(new RawConnection(socket, options, gone));
-  });
-  return open;
 }

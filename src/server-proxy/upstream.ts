@@ -5,9 +5,9 @@
 
 import { Socket as NetSocket } from 'node:net';
 import type { Duplex } from 'node:stream';
-import { Http1Pool } from '../http1/index.js';
+import { Http1Pool, type ConnectFn } from '../http1/index.js';
 
-export type ConnectFn = (serviceKey: string) => Promise<Duplex>;
+export type { ConnectFn };
 
 export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000; // 10 s
 export const DEFAULT_READ_TIMEOUT_MS = 300_000; // 300 s
@@ -30,7 +30,8 @@ export function connectWithTimeout(connect: ConnectFn, serviceKey: string, ms: n
       done = true;
       reject(new UpstreamConnectTimeoutError(serviceKey, ms));
     }, ms);
-    connect(serviceKey).then(
+    // A connect that throws at once fails like one that rejects: through the same path, timer cleared.
+    new Promise<Duplex>((opened) => opened(connect(serviceKey))).then(
       (stream) => {
         clearTimeout(timer);
         if (done) stream.destroy();

@@ -6,12 +6,12 @@
 // reaches the client byte for byte.
 
 import type { IncomingMessage } from 'node:http';
-import { STATUS_CODES } from 'node:http';
 import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
 import { hasDuplicateHost } from '../http1/index.js';
 import { admit } from './admit.js';
+import { rawDetail, rawReply } from './detail.js';
 import { upstreamRequestHeaders } from './headers.js';
 import type { HttpProxyContext } from './http-proxy.js';
 import { parseProxyTarget, upstreamTarget } from './paths.js';
@@ -22,23 +22,6 @@ export interface UpgradeContext extends HttpProxyContext {
   connectTimeoutMs: number;
   /** No bytes either way for this long closes both sockets. */
   readTimeoutMs: number;
-}
-
-export function rawReply(socket: Duplex, status: number, headers: Record<string, string>, body = ''): void {
-  // An upgraded socket has left Node's server and its error listener: a client resetting it while
-  // the answer is written must not become an uncaught 'error'.
-  socket.on('error', () => socket.destroy());
-  const lines = [`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}`];
-  for (const [k, v] of Object.entries({ ...headers, 'Content-Length': String(Buffer.byteLength(body)), Connection: 'close' })) lines.push(`${k}: ${v}`);
-  // Upgrade sockets are half-open capable: do not wait for the client to hang up.
-  socket.end(`${lines.join('\r\n')}\r\n\r\n${body}`, () => setTimeout(() => socket.destroy(), REFUSED_LINGER_MS).unref());
-}
-
-/** How long a refused upgrade's socket stays open after the answer is flushed, for the client to read it. */
-const REFUSED_LINGER_MS = 1_000;
-
-function rawDetail(socket: Duplex, status: number, detail: string): void {
-  rawReply(socket, status, { 'Content-Type': 'application/json' }, JSON.stringify({ detail }));
 }
 
 /** True when the upgrade was ours (a /proxy/services path). */

@@ -3,9 +3,10 @@
 // A missing file is generation 0; a corrupt one is an error naming the file — never an
 // empty state, which would make the gateway tear every site down.
 
-import { constants, promises as fs } from 'node:fs';
+import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { ProxyError } from '../errors.js';
+import { writeAtomic } from '../write-atomic.js';
 import { SpecError, emptyState, formatIssue, hashSpec, parseJsonText, validate, type ProxyState } from '../spec/index.js';
 import type { StateStore, StoredState, WriteOptions, WriteResult } from './store.js';
 
@@ -66,7 +67,14 @@ class FileStore implements StateStore {
       state,
       updatedAt: new Date((this.options.clock ?? Date).now()).toISOString(),
     };
-    await writeAtomic(this.file, serialise(next), this.options.beforeRename);
+    await writeAtomic(this.file, serialise(next), {
+      mode: 0o600,
+      fsyncFile: true,
+      fsyncDir: true,
+      tempName: () => `${TEMP_PREFIX}${process.pid}-${Math.random().toString(36).slice(2)}`,
+      beforeRename: this.options.beforeRename,
+      mapError: writeError,
+    });
     this.current = next;
     return { changed: true, generation: next.generation, hash };
   }
@@ -118,30 +126,6 @@ export async function loadStateFile(file: string): Promise<StoredState> {
   return { generation, hash, state: result.state, updatedAt };
 }
 
-async function writeAtomic(file: string, text: string, beforeRename?: (temp: string) => Promise<void> | void): Promise<void> {
-  const dir = path.dirname(file);
-  const temp = path.join(dir, `${TEMP_PREFIX}${process.pid}-${Math.random().toString(36).slice(2)}`);
-  try {
-    const handle = await fs.open(temp, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL, 0o600);
-    try {
-      await handle.writeFile(text, 'utf8');
-      await handle.sync();
-    } finally {
-      await handle.close();
-    }
-    await beforeRename?.(temp);
-    await fs.rename(temp, file);
-  } catch (err) {
-    // Whatever failed — open, write (ENOSPC), fsync, rename — the temp must not stay behind;
-    // state.json itself is untouched until the rename.
-    await fs.rm(temp, { force: true }).catch(() => undefined);
-    throw writeError(file, err);
-  }
-  await fsyncDir(dir).catch((err: unknown) => {
-    throw writeError(dir, err);
-  });
-}
-
 /** Storage refusing the write, as opposed to a bug: the operator can act on it. */
 const STORAGE_ERRNOS: Record<string, string> = {
   ENOSPC: 'no space left on the device',
@@ -161,15 +145,6 @@ function writeError(file: string, err: unknown): unknown {
     { file, errno: code },
     { cause: err },
   );
-}
-
-async function fsyncDir(dir: string): Promise<void> {
-  const handle = await fs.open(dir, constants.O_RDONLY);
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
 }
 
 /** Temp files left by a crash between write and rename: the old state.json is intact. */

@@ -12,6 +12,7 @@ import { PgListener } from './postgres-listener.js';
 import { mismatch } from './sqlite-store.js';
 import type { StoredState, WriteOptions, WriteResult } from './store.js';
 import { RowTracker, documentOf, type ChangeListener, type RawRow, type StoreHealth, type WatchedStateStore } from './watched-store.js';
+import { Watching } from './watching.js';
 
 export const PG_CHANNEL = 'dstack_proxy_state';
 export const PG_POLL_MS = 5_000; // 5 s safety net behind LISTEN/NOTIFY
@@ -144,7 +145,7 @@ class PostgresStore implements WatchedStateStore {
   private pollTimer: NodeJS.Timeout | undefined;
   private refreshing: Promise<void> | undefined;
   private refreshAgain = false;
-  private closed = false;
+  private readonly watching: Watching;
 
   constructor(
     private readonly pool: pg.Pool,
@@ -152,6 +153,7 @@ class PostgresStore implements WatchedStateStore {
     private readonly options: PostgresStoreOptions,
   ) {
     this.tracker = new RowTracker('postgres', options.logger, options.clock ?? Date);
+    this.watching = new Watching(this.tracker, { start: () => this.startWatching(), stop: () => this.stopWatching() });
     // An idle pooled connection dying (database restart) must not crash the process.
     pool.on('error', (err) => this.tracker.markUnreachable(err));
   }
@@ -217,12 +219,7 @@ class PostgresStore implements WatchedStateStore {
   }
 
   watch(listener: ChangeListener): () => void {
-    const unsubscribe = this.tracker.subscribe(listener);
-    if (!this.listener && !this.closed) this.startWatching();
-    return () => {
-      unsubscribe();
-      if (!this.tracker.watched) void this.stopWatching();
-    };
+    return this.watching.watch(listener);
   }
 
   health(): StoreHealth {
@@ -230,9 +227,7 @@ class PostgresStore implements WatchedStateStore {
   }
 
   async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await this.stopWatching();
+    if (!(await this.watching.close())) return;
     await this.refreshing;
     await this.pool.end();
   }
@@ -274,7 +269,7 @@ class PostgresStore implements WatchedStateStore {
 
   /** One read at a time; a request during a read runs one more afterwards. */
   private refresh(): void {
-    if (this.closed) return;
+    if (this.watching.closed) return;
     if (this.refreshing) {
       this.refreshAgain = true;
       return;

@@ -11,6 +11,7 @@ import { ProxyError } from '../errors.js';
 import { emptyState, hashSpec, type ProxyState } from '../spec/index.js';
 import type { StoredState, WriteOptions, WriteResult } from './store.js';
 import { RowTracker, documentOf, type ChangeListener, type RawRow, type StoreHealth, type WatchedStateStore } from './watched-store.js';
+import { Watching } from './watching.js';
 
 export interface SqliteStoreOptions {
   /** The database file; its directory is created 0700 when missing. */
@@ -113,7 +114,7 @@ class SqliteStore implements WatchedStateStore {
   private readonly update: Database.Statement<[number, string, string, string, number]>;
   private timer: NodeJS.Timeout | undefined;
   private dataVersion = -1;
-  private closed = false;
+  private readonly watching: Watching;
 
   constructor(
     private readonly db: Database.Database,
@@ -122,6 +123,7 @@ class SqliteStore implements WatchedStateStore {
     private readonly options: SqliteStoreOptions,
   ) {
     this.tracker = new RowTracker('sqlite', options.logger, options.clock ?? Date);
+    this.watching = new Watching(this.tracker, { start: () => this.startTimer(), stop: () => this.stopTimer() });
     this.select = db.prepare('SELECT generation, document, updated_at FROM proxy_state WHERE id = 1');
     this.update = db.prepare(
       'UPDATE proxy_state SET generation = ?, document = ?, hash = ?, updated_at = ? WHERE id = 1 AND generation = ?',
@@ -163,16 +165,7 @@ class SqliteStore implements WatchedStateStore {
   }
 
   watch(listener: ChangeListener): () => void {
-    const unsubscribe = this.tracker.subscribe(listener);
-    if (!this.timer && !this.closed) {
-      this.dataVersion = this.db.pragma('data_version', { simple: true }) as number;
-      this.timer = setInterval(() => this.poll(), this.pollMs);
-      this.timer.unref();
-    }
-    return () => {
-      unsubscribe();
-      if (!this.tracker.watched) this.stopTimer();
-    };
+    return this.watching.watch(listener);
   }
 
   health(): StoreHealth {
@@ -180,10 +173,13 @@ class SqliteStore implements WatchedStateStore {
   }
 
   async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    this.stopTimer();
-    this.db.close();
+    if (await this.watching.close()) this.db.close();
+  }
+
+  private startTimer(): void {
+    this.dataVersion = this.db.pragma('data_version', { simple: true }) as number;
+    this.timer = setInterval(() => this.poll(), this.pollMs);
+    this.timer.unref();
   }
 
   private poll(): void {

@@ -4,16 +4,11 @@
 import type { Logger } from 'pino';
 import type { ProxyState } from '../spec/types.js';
 import { systemClock, type Clock, type TimerHandle } from '../clock.js';
-import { DEFAULT_MAX_HOSTS, emptyWindows, FrameTable, type WindowStats } from './frames.js';
+import { DEFAULT_MAX_HOSTS, FrameTable, type ServiceStats } from './frames.js';
 import { newParseCounters, parseLines, type ParseCounters } from './parse.js';
 import { LogTail, type TailCounters } from './tail.js';
 
-/** One entry of dstack's stats answer. */
-export interface ServiceStats {
-  project_name: string;
-  run_name: string;
-  stats: WindowStats;
-}
+export type { ServiceStats };
 
 export interface ServiceTotals {
   project: string;
@@ -99,19 +94,8 @@ export function createStatsCollector(o: StatsCollectorOptions): StatsCollector {
     }, pollIntervalMs);
   };
 
-  const snapshot = (state: ProxyState): ServiceStats[] => {
-    const nowSec = Math.floor(clock.now() / 1000);
-    const out: ServiceStats[] = [];
-    const keep = new Set<string>();
-    for (const s of state.spec.services) {
-      if (!s.domain) continue;
-      keep.add(s.domain);
-      const h = frames.get(s.domain);
-      out.push({ project_name: s.project, run_name: s.run, stats: h ? h.windows(nowSec) : emptyWindows() });
-    }
-    frames.prune(keep, nowSec);
-    return out;
-  };
+  const snapshot = (state: ProxyState): ServiceStats[] =>
+    frames.serviceStats(state.spec.services, (s) => s.domain || undefined, Math.floor(clock.now() / 1000));
 
   return {
     frames,

@@ -17,6 +17,13 @@ export interface WindowStat {
 
 export type WindowStats = Record<`${WindowSec}`, WindowStat>;
 
+/** One entry of dstack's stats answer. */
+export interface ServiceStats {
+  project_name: string;
+  run_name: string;
+  stats: WindowStats;
+}
+
 /** FNV-1a over bytes [start, end). */
 export function hashBytes(buf: Uint8Array, start: number, end: number): number {
   let h = 0x811c9dc5;
@@ -147,6 +154,29 @@ export class FrameTable {
 
   hosts(): IterableIterator<HostFrames> {
     return this.#byName.values();
+  }
+
+  /**
+   * dstack's stats answer: the windows of every service `keyOf` names (zeros when idle), in the
+   * document's order; a service it names undefined is left out. The frames of every other key
+   * are pruned, so a departed service stops holding memory once its last window has passed.
+   */
+  serviceStats<S extends { project: string; run: string }>(
+    services: readonly S[],
+    keyOf: (s: S) => string | undefined,
+    nowSec: number,
+  ): ServiceStats[] {
+    const out: ServiceStats[] = [];
+    const keep = new Set<string>();
+    for (const s of services) {
+      const key = keyOf(s);
+      if (key === undefined) continue;
+      keep.add(key);
+      const h = this.#byName.get(key);
+      out.push({ project_name: s.project, run_name: s.run, stats: h ? h.windows(nowSec) : emptyWindows() });
+    }
+    this.prune(keep, nowSec);
+    return out;
   }
 
   /** Forget hosts not in `keep` whose newest frame is older than every window. */

@@ -1,4 +1,4 @@
-// Pebble, the ACME test server, on free loopback ports (TESTING.md's recipe): its listener
+// Pebble, the ACME test server, on free loopback ports: its listener
 // certificate made with openssl, PEBBLE_VA_ALWAYS_VALID=1 (no HTTP-01 fetch), -dnsserver on an
 // unused loopback port so nothing leaves the machine, stopped by its PID. `eab` starts it with
 // externalAccountBindingRequired and the given kid → base64url HMAC keys.

@@ -1,4 +1,4 @@
-// Real PostgreSQL for tests (TESTING.md "PostgreSQL 15"): the system cluster, started if it is
+// Real PostgreSQL for tests (the system's cluster, as Debian installs it), started if it is
 // down, with a role `root` (peer auth over /var/run/postgresql) and a fresh database per test
 // file. With CI=true a missing PostgreSQL fails the run instead of skipping.
 // startPrivatePostgres() runs a separate postmaster in a scratch directory for tests that

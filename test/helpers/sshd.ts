@@ -1,4 +1,4 @@
-// A real OpenSSH sshd on a free 127.0.0.1 port (TESTING.md's recipe), keys generated per run,
+// A real OpenSSH sshd (the system's /usr/sbin/sshd) on a free 127.0.0.1 port, keys generated per run,
 // stopped by PID. `startSshdChain(n)` starts n of them that share one client key: a jump chain.
 
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';

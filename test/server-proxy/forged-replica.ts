@@ -8,7 +8,7 @@ export const SMUGGLED = 'HTTP/1.1 200 OK\r\nX-Smuggled: yes\r\nContent-Length: 1
 
 /** Forged answers by name; `/evil/<name>` asks for one, anything else gets an honest answer. */
 export const FORGED: Record<string, string> = {
-  // The audit's payload: chunked framing says 'ok' + a whole fake response, the length says 2.
+  // The classic TE.CL payload: chunked framing says 'ok' + a whole fake response, the length says 2.
   'te-cl': `HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n${(2 + SMUGGLED.length).toString(16)}\r\nok${SMUGGLED}\r\n0\r\n\r\n`,
   'te-cl-long': 'HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n',
   'two-cl': `HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: ${2 + SMUGGLED.length}\r\n\r\nok${SMUGGLED}`,

@@ -1,4 +1,4 @@
-// Issue 8: two `server-proxy` processes (the built CLI, as an operator starts them) on one
+// Two `server-proxy` processes (the built CLI, as an operator starts them) on one
 // PostgreSQL of their own (a private postmaster: restarting it cannot disturb other test files),
 // in front of a real HTTP replica. PostgreSQL is restarted, then stopped for a few seconds,
 // mid-run: both processes keep serving the last good document, a write gets a clear 503 instead

@@ -263,7 +263,7 @@ describe('beyond dstack', () => {
   });
 
   it('stats: N requests → collect counts N', async () => {
-    const before = h.proxy.proxy.stats.total('my-proj/my-run');
+    const before = h.proxy.proxy.stats.frames.get('my-proj/my-run')?.totalRequests ?? 0;
     const n = 7;
     for (let i = 0; i < n; i++) await send(`${base}/my-proj/my-run/s`);
     const r = await send(`${h.url}/api/stats/collect`);

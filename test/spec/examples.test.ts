@@ -14,7 +14,7 @@ describe('examples', () => {
     expect(loadDocument(text).spec.services.length).toBeGreaterThan(0);
   });
 
-  it('gateway-state.yaml has what DESIGN.md §2 shows: jump hosts, rate limits, both model formats', async () => {
+  it('gateway-state.yaml shows jump hosts, rate limits and both model formats', async () => {
     const state = loadDocument(await example('gateway-state.yaml'));
     const replicas = state.spec.services.flatMap((s) => s.replicas);
     expect(replicas.some((r) => r.sshProxy && r.sshHeadProxy)).toBe(true);

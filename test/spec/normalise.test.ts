@@ -142,7 +142,7 @@ function changedValue(v: unknown): unknown {
   throw new Error(`unexpected leaf ${JSON.stringify(v)}`);
 }
 
-/** Default values by JSON pointer (array indices as *), as DESIGN.md §2 lists them. */
+/** Default values by JSON pointer (array indices as *), as the document reference lists them. */
 const DEFAULTS: Array<[RegExp, unknown]> = [
   [/^\/spec\/acme$/, { server: LETS_ENCRYPT_PRODUCTION }],
   [/^\/spec\/acme\/server$/, LETS_ENCRYPT_PRODUCTION],

@@ -123,4 +123,25 @@ describe('frames', () => {
     t.add('c', 500, 1);
     expect(t.get('c')?.totalRequests).toBe(1);
   });
+
+  it('answers the services a key names, in order, zeros when idle, and prunes the other keys', () => {
+    const t = new FrameTable();
+    const T = sec(T0);
+    t.add('a.test', T, 200);
+    t.add('gone.test', T, 1);
+    const services = [
+      { project: 'p', run: 'a', domain: 'a.test' },
+      { project: 'p', run: 'nodomain', domain: '' },
+      { project: 'p', run: 'b', domain: 'b.test' },
+    ];
+    const keyOf = (s: (typeof services)[number]) => s.domain || undefined;
+    const now = t.serviceStats(services, keyOf, T);
+    expect(now.map((e) => [e.project_name, e.run_name])).toEqual([['p', 'a'], ['p', 'b']]);
+    expect(now[0]!.stats['30']).toEqual({ requests: 1, request_time: 0.2 });
+    expect(now[1]!.stats['300']).toEqual({ requests: 0, request_time: 0 });
+    expect(t.size).toBe(2); // gone.test still has frames inside the windows
+    const later = t.serviceStats(services, keyOf, T + 300);
+    expect(later[0]!.stats['300'].requests).toBe(0);
+    expect([...t.hosts()].map((h) => h.name)).toEqual(['a.test']);
+  });
 });

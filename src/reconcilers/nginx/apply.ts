@@ -9,6 +9,7 @@ import { copyFile, link, mkdir, readFile, readdir, rename, rm, stat, unlink, wri
 import { basename, dirname, join, relative } from 'node:path';
 import type { Logger } from 'pino';
 import { ProxyError } from '../../errors.js';
+import { DEFAULT_TEMP_RE, writeAtomic as writeFileAtomic } from '../../write-atomic.js';
 import { MARKER, SITES_SUBDIR } from './names.js';
 import type { ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 
@@ -126,15 +127,17 @@ export function isEmptyPlan(p: FilePlan): boolean {
   return p.create.length + p.update.length + p.delete.length === 0;
 }
 
-/** Write a file as temp + rename, so a concurrent reload never sees it half-written. */
+/**
+ * Write a file as temp + rename, so a concurrent reload never sees it half-written. No fsync: a
+ * pass may write thousands of site files, and a crash that loses one is repaired by the next pass,
+ * which renders the same text again; until a reload passes `nginx -t`, Nginx keeps serving the
+ * configuration it has loaded.
+ */
 export async function writeAtomic(path: string, text: string, makeDir = true): Promise<void> {
-  if (makeDir) await mkdir(dirname(path), { recursive: true });
-  const tmp = join(dirname(path), `.${basename(path)}.${randomBytes(4).toString('hex')}.tmp`);
-  await writeFile(tmp, text, { mode: 0o644 });
-  await rename(tmp, path);
+  await writeFileAtomic(path, text, { mode: 0o644, makeDir });
 }
 
-const TEMP_RE = /^\..+\.[0-9a-f]{8}\.tmp$/;
+const TEMP_RE = DEFAULT_TEMP_RE;
 
 /**
  * Remove what a crash in the middle of an apply leaves behind: candidate trees and candidate

@@ -134,7 +134,7 @@ export interface Views {
 export const DEFAULT_API_URL = 'http://127.0.0.1:8000';
 export const DEFAULT_PROXY_READ_TIMEOUT_SEC = 300;
 
-/** The default upstream: `direct` replicas as host:port; SSH replicas are not reachable yet. */
+/** The default upstream, without an SSH loop to reach the other replicas: `direct` replicas as host:port. */
 export function directUpstream(service: Service): UpstreamTarget {
   const servers: string[] = [];
   for (const r of service.replicas) {

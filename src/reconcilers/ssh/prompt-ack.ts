@@ -3,7 +3,7 @@
 // unacknowledged waits for our ACK. Linux delays an ACK for up to 40 ms when the receiver has
 // nothing to send, so whenever sshd's packets arrive in a lull of ours (a window adjust, a reply
 // that prompts no request yet, several channels answering at once) the next reply stalls 40 ms.
-// Measured on P6b (16 connections over one SSH connection): p99 20–45 ms, ~40 delayed-ACK
+// Measured with 16 client connections over one SSH connection: p99 20–45 ms, ~40 delayed-ACK
 // timer expiries a second. The cure is to send something soon after every arrival that we did not
 // answer: an SSH_MSG_IGNORE (RFC 4253 §11.2), which the peer discards and which carries our ACK.
 // Under load our own requests carry the ACK and no IGNORE is sent; when a channel goes quiet,

@@ -13,9 +13,8 @@
 // than 5 in an hour. A changed ACME server or EAB key for the domain may retry at once (the
 // failures were against other settings), still within the hourly limit.
 
-import { randomBytes } from 'node:crypto';
-import { chmod, mkdir, open, readFile, rename, rm } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { readFile } from 'node:fs/promises';
+import { writeAtomic } from '../../write-atomic.js';
 
 const MIN = 60_000;
 const HOUR = 60 * MIN;
@@ -222,7 +221,7 @@ export class BackoffStore {
       const text = `${JSON.stringify(data, null, 2)}\n`;
       this.#dirty = false;
       try {
-        await writeAtomic(this.#path, text);
+        await writeAtomic(this.#path, text, { mode: 0o600, makeDir: true, dirMode: 0o700, fsyncFile: true });
         this.writes++;
       } catch (err) {
         this.#dirty = true; // written by the next flush
@@ -231,24 +230,5 @@ export class BackoffStore {
     });
     this.#writing = run.catch(() => undefined);
     await run;
-  }
-}
-
-async function writeAtomic(path: string, text: string): Promise<void> {
-  await mkdir(dirname(path), { recursive: true, mode: 0o700 });
-  const tmp = `${path}.tmp-${randomBytes(4).toString('hex')}`;
-  try {
-    const fh = await open(tmp, 'w', 0o600);
-    try {
-      await fh.writeFile(text);
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
-    await chmod(tmp, 0o600);
-    await rename(tmp, path);
-  } catch (err) {
-    await rm(tmp, { force: true });
-    throw err;
   }
 }

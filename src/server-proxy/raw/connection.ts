@@ -18,14 +18,15 @@
 
 import { STATUS_CODES, type IncomingHttpHeaders } from 'node:http';
 import type { Socket } from 'node:net';
+import { headerObject } from '../../http1/field.js';
 import { plainIp } from '../headers.js';
 import type { ProxyRequest, ProxyResponse } from '../http-proxy.js';
+import { SERVICES_PATH } from '../paths.js';
 import { parseRequestHead, type RequestHead } from './request-head.js';
 
 /** A body up to this size is read whole and sent as one Buffer; a larger one goes to Node's server. */
 export const MAX_BUFFERED_BODY = 64 * 1024;
 
-const PREFIX = '/proxy/services/';
 /** A head still incomplete at this size goes to Node's server. */
 const PARTIAL_HEAD_LIMIT = 4 * 1024;
 
@@ -59,17 +60,12 @@ export class RawRequest implements ProxyRequest {
     this.contentLength = head.contentLength;
   }
 
-  /** Lower-case names; repeated headers joined with ", " (only looked up, never forwarded). */
+  /**
+   * Folded as Node's IncomingMessage.headers, made on first use: only looked up (proxy auth, rate
+   * limits, error answers), never forwarded, so a plain proxied request never builds it.
+   */
   get headers(): IncomingHttpHeaders {
-    if (this.#headers !== null) return this.#headers;
-    const h: Record<string, string> = {};
-    const raw = this.rawHeaders;
-    for (let i = 0; i < raw.length; i += 2) {
-      const name = raw[i]!.toLowerCase();
-      const prev = h[name];
-      h[name] = prev === undefined ? raw[i + 1]! : `${prev}, ${raw[i + 1]!}`;
-    }
-    return (this.#headers = h);
+    return (this.#headers ??= headerObject(this.rawHeaders) as IncomingHttpHeaders);
   }
 }
 
@@ -320,7 +316,7 @@ export class RawConnection {
       head.expect ||
       head.upgrade ||
       length > MAX_BUFFERED_BODY ||
-      !head.target.startsWith(PREFIX) ||
+      !head.target.startsWith(SERVICES_PATH) ||
       this.o.closing()
     ) {
       this.#handover();

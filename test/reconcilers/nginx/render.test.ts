@@ -1,4 +1,4 @@
-// Snapshot plus must-contain (STYLE.md): the snapshot catches any change, the line checks make
+// Snapshot plus must-contain: the snapshot catches any change, the line checks make
 // sure an updated snapshot can't silently drop a directive that matters.
 
 import { describe, expect, it } from 'vitest';

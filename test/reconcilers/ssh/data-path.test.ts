@@ -1,6 +1,7 @@
-// The data-path pieces tuned for P5: pooled padding randomness, write coalescing on the SSH
-// socket, splice() joining a balancer client with its upstream (bytes, backpressure, EOF), and
-// binding many balancer sockets at once (P3).
+// The data-path pieces tuned for throughput through SSH tunnels: pooled padding randomness,
+// write coalescing on the SSH socket, splice() joining a balancer client with its upstream
+// (bytes, backpressure, EOF), and binding many balancer sockets at once (a cold converge of
+// thousands of services).
 
 import { randomBytes, createHash } from 'node:crypto';
 import { mkdirSync, statSync, writeFileSync } from 'node:fs';
