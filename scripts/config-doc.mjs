@@ -3,7 +3,7 @@
 // (run after `npm run build`). test/gateway/options.test.ts and test/server-proxy/options.test.ts
 // fail when the doc and the code disagree.
 import { readFileSync, writeFileSync } from 'node:fs';
-import { envName, kebab } from '../dist/src/daemon/options.js';
+import { envName, kebab } from '../dist/src/option-table.js';
 import { OPTION_SPECS } from '../dist/src/gateway/options.js';
 import { SERVER_PROXY_OPTION_SPECS } from '../dist/src/daemon/server-proxy-options.js';
 

@@ -1,5 +1,5 @@
 import { startGateway } from '../daemon/gateway.js';
-import { helpLines, parseTableFlags } from '../daemon/options.js';
+import { helpLines, parseTableFlags } from '../option-table.js';
 import { runUntilSignal } from '../daemon/signals.js';
 import { OPTION_SPECS, resolveOptions } from '../gateway/options.js';
 import type { Command } from './command.js';

@@ -1,7 +1,7 @@
 // `dstack-proxy server-proxy`: the in-server proxy as its own process (src/daemon/server-proxy.ts).
 
 import { ProxyError } from '../errors.js';
-import { helpLines, parseTableFlags } from '../daemon/options.js';
+import { helpLines, parseTableFlags } from '../option-table.js';
 import { startServerProxy } from '../daemon/server-proxy.js';
 import { SERVER_PROXY_OPTION_SPECS, resolveServerProxyOptions } from '../daemon/server-proxy-options.js';
 import { runUntilSignal } from '../daemon/signals.js';

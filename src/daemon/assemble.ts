@@ -8,7 +8,7 @@
 
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
-import { buildApp, type AppOptions } from '../api/app.js';
+import { buildApp, type AppOptions, type RouteModule } from '../api/app.js';
 import { planFromController } from '../api/plan.js';
 import type { Runtime } from '../api/runtime.js';
 import type { Clock } from '../clock.js';
@@ -16,6 +16,8 @@ import { Controller } from '../reconcilers/controller.js';
 import type { AnyLoop } from '../reconcilers/types.js';
 import type { StoredState } from '../state/store.js';
 import type { WatchedStateStore } from '../state/watched-store.js';
+
+export type { RouteModule };
 
 /** Something to release at close (or when a later step of the assembly throws). */
 export type Cleanup = () => unknown;
@@ -32,9 +34,6 @@ export interface Assembly {
   /** Puts `cleanup` on the stack: it runs at close, after everything pushed later. */
   defer(cleanup: Cleanup): void;
 }
-
-/** A route module: registers itself on the app, behind `guard` when it serves management data. */
-export type RouteModule = NonNullable<AppOptions['routes']>[number];
 
 /** One HTTP listener: an app of route modules (buildApp's options without runtime and logger). */
 export interface ListenerProfile {
@@ -137,6 +136,8 @@ export async function assemble(profile: Profile): Promise<Daemon> {
         profile.onGeneration?.(next).catch((err: unknown) => logger.error({ err, generation: next.generation }, 'a new generation could not be recorded'));
       }),
     );
+    // An edit between the first read and the watch: reading again reports it to the listener.
+    current = await store.read();
 
     let ready = false;
     const runtime: Runtime = {

@@ -5,17 +5,13 @@
 import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
-import { checkManagementExposure, readApiToken, thisHostOnly } from '../api/api-token.js';
-import { authRoutes } from '../api/auth-routes.js';
-import { metricsRoutes } from '../api/metrics.js';
-import { statsRoutes } from '../api/stats-routes.js';
-import { createControlServerAuth, noServerAuth } from '../auth/index.js';
+import { checkManagementExposure, readApiToken } from '../api/api-token.js';
 import type { Clock } from '../clock.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
-import { gatewayMetrics } from '../gateway/metrics-sources.js';
 import { prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
 import type { GatewayOptions } from '../gateway/options.js';
-import { entrypointClient, fileFirstSeenStore, nginxForwarder, observeModels, registerModelApi } from '../models/index.js';
+import { gatewayRoutes } from '../gateway/routes.js';
+import { fileFirstSeenStore, observeModels } from '../models/index.js';
 import type { Controller } from '../reconcilers/controller.js';
 import { NGINX_LOOP, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
@@ -23,7 +19,7 @@ import type { SshLoop } from '../reconcilers/ssh/index.js';
 import { openWatchedFileStore } from '../state/watched-file-store.js';
 import type { WatchedStateStore } from '../state/watched-store.js';
 import { createStatsCollector } from '../stats/index.js';
-import { assemble, type RouteModule } from './assemble.js';
+import { assemble } from './assemble.js';
 
 export interface Gateway {
   app: FastifyInstance;
@@ -86,47 +82,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     planNotes: (loop, kinds) => (loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined),
     onGeneration: async (s) => void (await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000))),
     async listeners(d) {
-      const auth = options.serverUrl
-        ? createControlServerAuth({
-            serverUrl: options.serverUrl,
-            ttlMs: options.authCacheTtl * 1000,
-            timeoutMs: options.authTimeout * 1000,
-            logger: logger.child({ component: 'auth' }),
-            ...clock,
-          })
-        : noServerAuth;
-      d.defer(() => auth.close());
-      // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
-      // per client and counted like any other request, on the internal listener (no auth_request
-      // there: the model API checks the token itself).
-      const modelForwarder = nginxForwarder({ socketPath: host.internal.socketPath });
-      d.defer(() => modelForwarder.close());
       d.defer(() => stats.stop());
-      const metrics = gatewayMetrics(d.controller, d.current, stats, loops, host.nginx);
-      const routes: RouteModule[] = [
-        // Nginx calls the auth target for every request: never behind the API token, and for
-        // this host only (an API beyond loopback must not be a token oracle for the network).
-        async (a) =>
-          a.register(async (scope) => {
-            scope.addHook('onRequest', thisHostOnly);
-            await scope.register(authRoutes, { auth });
-          }),
-        // Stats and metrics list every project, service, replica and domain: management data.
-        async (a, guard) => a.register(statsRoutes, { collector: stats, getState: async () => d.current().state, guard }),
-        async (a, guard) => a.register(metricsRoutes, { metrics, guard }),
-        // The OpenAI-compatible API; entrypoint sites proxy here. Always token-checked.
-        async (a) =>
-          registerModelApi(a, {
-            prefix: '/api/models/:project',
-            getState: () => d.current().state,
-            authorize: (project, token) => auth.check(project, token),
-            forward: (service, request) => modelForwarder.forward(service, request),
-            // Behind an entrypoint site the client is who Nginx saw; called directly, the peer.
-            clientOf: entrypointClient(host.internal.key),
-            firstSeen,
-            ...clock,
-          }),
-      ];
+      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen });
       return [{ host: options.apiHost, port: options.apiPort, app: { ...(apiToken ? { apiToken } : {}), routes } }];
     },
     async beforeListen() {

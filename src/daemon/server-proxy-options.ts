@@ -3,7 +3,7 @@
 // (test/server-proxy/options.test.ts checks).
 
 import { ProxyError } from '../errors.js';
-import { resolveTable, type OptionSources, type OptionSpec } from './options.js';
+import { resolveTable, type OptionSources, type OptionSpec } from '../option-table.js';
 import type { ServerProxyServerOptions } from './server-proxy.js';
 
 export interface ServerProxyFlags {

@@ -1,12 +1,12 @@
 // Gateway options: defaults < --config FILE (YAML) < env DSTACK_PROXY_* < flags, through the
-// daemons' one option table (daemon/options.ts). Every option is checked at the door; a bad one
+// daemons' one option table (option-table.ts). Every option is checked at the door; a bad one
 // stops the start with a sentence naming it.
 // docs/configuration.md documents each with its default (test/gateway/options.test.ts checks).
 
 import { ProxyError } from '../errors.js';
-import { resolveTable, type OptionSources, type OptionSpec } from '../daemon/options.js';
+import { resolveTable, type OptionSources, type OptionSpec } from '../option-table.js';
 
-export { envName, kebab } from '../daemon/options.js';
+export { envName, kebab } from '../option-table.js';
 
 export interface GatewayOptions {
   stateDir: string;

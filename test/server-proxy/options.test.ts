@@ -4,7 +4,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { envName, kebab } from '../../src/daemon/options.js';
+import { envName, kebab } from '../../src/option-table.js';
 import { SERVER_PROXY_OPTION_SPECS, resolveServerProxyOptions } from '../../src/daemon/server-proxy-options.js';
 import { runCli, spawnCli } from '../helpers/cli.js';
 import { freePorts } from '../helpers/ports.js';

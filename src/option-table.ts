@@ -7,7 +7,7 @@
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { parse as parseYaml } from 'yaml';
-import { ProxyError } from '../errors.js';
+import { ProxyError } from './errors.js';
 
 /** `switch` is a flag without a value (`--insecure-open-api`); in env and file: true or false. */
 export type OptionKind = 'string' | 'port' | 'seconds' | 'count' | 'enum' | 'switch';
