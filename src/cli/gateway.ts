@@ -21,8 +21,10 @@ Stops gracefully on SIGINT/SIGTERM. See docs/configuration.md.`,
   async run(argv, io) {
     const options = resolveOptions({ ...parseTableFlags(OPTION_SPECS, argv), env: io.env });
     const gateway = await startGateway(options);
+    // Handlers first, then the line saying we are up: whoever signals on reading it reaches them.
+    const stopped = runUntilSignal('gateway', gateway, io.stderr);
     io.stderr(`dstack-proxy gateway: API on ${gateway.apiUrl}, nginx ${options.nginx} (HTTP port ${options.httpPort})\n`);
-    await runUntilSignal('gateway', gateway, io.stderr);
+    await stopped;
     return 0;
   },
 };

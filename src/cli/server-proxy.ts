@@ -40,8 +40,10 @@ Stops gracefully on SIGINT/SIGTERM. See docs/configuration.md.`,
     }
     const proxy = await startServerProxy(options);
     const api = proxy.apiUrl === proxy.url ? '' : `, management API on ${proxy.apiUrl}`;
+    // Handlers first, then the line saying we are up: whoever signals on reading it reaches them.
+    const stopped = runUntilSignal('server-proxy', proxy, io.stderr);
     io.stderr(`dstack-proxy server-proxy: listening on ${proxy.url}${api} (generation ${proxy.current().generation})\n`);
-    await runUntilSignal('server-proxy', proxy, io.stderr);
+    await stopped;
     return 0;
   },
 };

@@ -6,7 +6,10 @@ export interface Closable {
   close(): Promise<void>;
 }
 
-/** Resolves once `daemon` is closed after a signal; a failing close is reported, not thrown. */
+/**
+ * Installs the handlers at once (call it before announcing that the daemon is up) and resolves
+ * once `daemon` is closed after a signal; a failing close is reported, not thrown.
+ */
 export function runUntilSignal(command: string, daemon: Closable, stderr: (s: string) => void): Promise<void> {
   return new Promise<void>((resolve) => {
     const stop = (signal: string): void => {
