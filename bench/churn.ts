@@ -12,7 +12,7 @@ import path from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
-import { startGateway } from '../src/gateway/gateway.js';
+import { startGateway } from '../src/daemon/gateway.js';
 import { resolveOptions } from '../src/gateway/options.js';
 import { API_VERSION, KIND } from '../src/spec/index.js';
 import { freePort } from './gateway.js';

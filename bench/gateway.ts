@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { pino } from 'pino';
-import { startGateway } from '../src/gateway/gateway.js';
+import { startGateway } from '../src/daemon/gateway.js';
 import { resolveOptions } from '../src/gateway/options.js';
 import { generateDocument } from './generate.js';
 import type { Row } from './table.js';

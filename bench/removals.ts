@@ -11,7 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { pino } from 'pino';
-import { startGateway } from '../src/gateway/gateway.js';
+import { startGateway } from '../src/daemon/gateway.js';
 import { resolveOptions } from '../src/gateway/options.js';
 import { API_VERSION, KIND } from '../src/spec/index.js';
 import { freePort } from './gateway.js';

@@ -9,7 +9,7 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { pino } from 'pino';
-import { startServerProxy, type RunningServerProxy } from '../src/server-proxy/server.js';
+import { startServerProxy, type RunningServerProxy } from '../src/daemon/server-proxy.js';
 import { eventually, startTestNginx } from '../test/helpers/nginx.js';
 import { freePorts } from '../test/helpers/ports.js';
 import { startSshdChain } from '../test/helpers/sshd.js';

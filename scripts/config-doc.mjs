@@ -1,27 +1,49 @@
 #!/usr/bin/env node
-// Regenerates docs/configuration.md from the option specs (run after `npm run build`).
-// test/gateway/options.test.ts fails when the doc and the code disagree.
+// Regenerates the option tables of docs/configuration.md from the option specs of both daemons
+// (run after `npm run build`). test/gateway/options.test.ts and test/server-proxy/options.test.ts
+// fail when the doc and the code disagree.
 import { readFileSync, writeFileSync } from 'node:fs';
-import { OPTION_SPECS, envName, kebab } from '../dist/src/gateway/options.js';
+import { envName, kebab } from '../dist/src/option-table.js';
+import { OPTION_SPECS } from '../dist/src/gateway/options.js';
+import { SERVER_PROXY_OPTION_SPECS } from '../dist/src/daemon/server-proxy-options.js';
 
-let out = `# Gateway configuration
+const GENERATED = ['`dstack-proxy gateway`', '`dstack-proxy server-proxy`'];
 
-Every option of \`dstack-proxy gateway\`, its default and what it does. Sources, later ones winning:
-defaults < \`--config FILE\` (YAML, the camelCase key) < environment (\`DSTACK_PROXY_*\`) < flags.
-A bad value stops the start with a sentence naming the option and where it came from.
+function table(specs) {
+  let out = '| flag | config key | environment | default | meaning |\n|---|---|---|---|---|\n';
+  for (const [name, spec] of Object.entries(specs)) {
+    const def = spec.default === undefined ? '—' : spec.default === '' ? '`""`' : `\`${spec.default}\``;
+    const values = spec.values ? ` (one of ${spec.values.map((v) => `\`${v}\``).join(', ')})` : '';
+    const flag = spec.kind === 'switch' ? ' (a flag without a value; `true`/`false` in the file and the environment)' : '';
+    out += `| \`--${kebab(name)}\` | \`${name}\` | \`${envName(name)}\` | ${def} | ${spec.help.replace(/\|/g, '\\|')}${values}${flag} |\n`;
+  }
+  return out;
+}
+
+let out = `# Configuration
+
+Every option of the two daemons, \`dstack-proxy gateway\` and \`dstack-proxy server-proxy\`, its
+default and what it does. Both take them the same way, later sources winning: defaults <
+\`--config FILE\` (YAML, the camelCase key) < environment (\`DSTACK_PROXY_*\`) < flags. A bad value
+stops the start with a sentence naming the option and where it came from.
 Regenerate with \`npm run build && node scripts/config-doc.mjs\`.
 
-| flag | config key | environment | default | meaning |
-|---|---|---|---|---|
-`;
-for (const [name, spec] of Object.entries(OPTION_SPECS)) {
-  const def = spec.default === undefined ? '—' : spec.default === '' ? '`""`' : `\`${spec.default}\``;
-  const values = spec.values ? ` (one of ${spec.values.map((v) => `\`${v}\``).join(', ')})` : '';
-  out += `| \`--${kebab(name)}\` | \`${name}\` | \`${envName(name)}\` | ${def} | ${spec.help.replace(/\|/g, '\\|')}${values} |\n`;
-}
+## \`dstack-proxy gateway\`
+
+${table(OPTION_SPECS)}
+## \`dstack-proxy server-proxy\`
+
+The management routes (\`/api/v1/state\`, \`/api/v1/status\`, \`/api/stats/collect\`) are served on
+\`--host:--port\` unless \`--api-port\` moves them to a listener of their own; without
+\`--api-token-file\` they are refused on a non-loopback address (\`DP_ERR_OPEN_API\`) unless
+\`--insecure-open-api\` is given.
+
+${table(SERVER_PROXY_OPTION_SPECS)}`;
+
+// Hand-written sections (every \`## \` section that is not one of the generated tables) are kept.
 const target = new URL('../docs/configuration.md', import.meta.url);
-// Hand-written sections after the generated table (from the first `## ` heading on) are kept.
 const previous = readFileSync(target, 'utf8');
-const kept = previous.indexOf('\n## ');
-if (kept !== -1) out += previous.slice(kept);
+for (const section of previous.split('\n## ').slice(1)) {
+  if (!GENERATED.some((title) => section.startsWith(title))) out += `\n## ${section.replace(/\n*$/, '\n')}`;
+}
 writeFileSync(target, out);

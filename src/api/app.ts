@@ -10,6 +10,9 @@ import { installErrorHandlers } from './errors.js';
 import type { Runtime } from './runtime.js';
 import { stateRoutes } from './state-routes.js';
 
+/** A route module: registers itself on the app, behind `guard` when it serves management data. */
+export type RouteModule = (app: FastifyInstance, guard: (request: FastifyRequest) => Promise<void>) => Promise<void>;
+
 export interface AppOptions {
   runtime: Runtime;
   /**
@@ -26,7 +29,7 @@ export interface AppOptions {
   /** More fields for GET /api/v1/status (the in-server proxy adds its store's health). */
   statusExtra?: () => Record<string, unknown>;
   /** More routes (auth, stats, metrics, models): each registers itself on the app. */
-  routes?: ((app: FastifyInstance, guard: (request: FastifyRequest) => Promise<void>) => Promise<void>)[];
+  routes?: RouteModule[];
 }
 
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {

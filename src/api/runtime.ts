@@ -1,10 +1,11 @@
 // What the HTTP API needs from the process behind it (the gateway daemon, or the in-server
-// proxy): the state store, a dry-run planner, a trigger, and status. buildApp takes this, so
-// tests can build the API over a real store and real loops without listening.
+// proxy): the state store, a dry-run planner, and status. buildApp takes this, so tests can
+// build the API over a real store and real loops without listening. No trigger: the daemon
+// watches its store, and a write through it is reported by that watch.
 
 import type { SpecDiff } from '../spec/index.js';
 import type { ProxyState } from '../spec/index.js';
-import type { StateStore } from '../state/store.js';
+import type { WatchedStateStore } from '../state/watched-store.js';
 import type { StatusSnapshot } from '../reconcilers/types.js';
 
 export interface PlannedAction {
@@ -36,11 +37,10 @@ export interface PlanOptions {
 }
 
 export interface Runtime {
-  store: StateStore;
+  /** Watched: a write through it reaches the loops by the same watch as an edit from outside. */
+  store: WatchedStateStore;
   /** What every loop would do to reach `next`. Pure of side effects. */
   plan(next: ProxyState, current: ProxyState, opts?: PlanOptions): Promise<Plan>;
-  /** A new generation was stored: converge to it. */
-  notify(): void;
   status(): StatusSnapshot;
   /** True once the first reconcile pass finished. */
   isReady(): boolean;

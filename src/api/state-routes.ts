@@ -52,9 +52,9 @@ export async function stateRoutes(app: FastifyInstance, { runtime, guard }: Stat
     const plan = await runtime.plan(next, current.state, { diffs: dryRun });
     if (dryRun) return { generation: current.generation, hash: current.hash, changed: !same, dryRun: true, plan };
     const result = await runtime.store.write(next, ifMatch === undefined ? {} : { ifMatch });
+    // The store's watch has already handed the new generation to the loops.
     if (result.changed) {
       request.log.info({ generation: result.generation, hash: result.hash, changes: plan.document.changes.length }, 'new generation stored');
-      runtime.notify();
     }
     return { generation: result.generation, hash: result.hash, changed: result.changed, plan };
   });

@@ -1,10 +1,12 @@
-// Gateway options: defaults < --config FILE (YAML) < env DSTACK_PROXY_* < flags. Every
-// option is checked at the door; a bad one stops the start with a sentence naming it.
+// Gateway options: defaults < --config FILE (YAML) < env DSTACK_PROXY_* < flags, through the
+// daemons' one option table (option-table.ts). Every option is checked at the door; a bad one
+// stops the start with a sentence naming it.
 // docs/configuration.md documents each with its default (test/gateway/options.test.ts checks).
 
-import { readFileSync } from 'node:fs';
-import { parse as parseYaml } from 'yaml';
 import { ProxyError } from '../errors.js';
+import { resolveTable, type OptionSources, type OptionSpec } from '../option-table.js';
+
+export { envName, kebab } from '../option-table.js';
 
 export interface GatewayOptions {
   stateDir: string;
@@ -39,15 +41,7 @@ export interface GatewayOptions {
   logLevel: 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 }
 
-type Kind = 'string' | 'port' | 'seconds' | 'count' | 'enum';
-interface Spec {
-  kind: Kind;
-  default: string | number | undefined;
-  values?: readonly string[];
-  help: string;
-}
-
-export const OPTION_SPECS: Record<keyof GatewayOptions, Spec> = {
+export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
   stateDir: { kind: 'string', default: '.dstack-proxy', help: 'state.json, the private Nginx prefix, sockets and certificates live here (created 0700)' },
   apiHost: { kind: 'string', default: '127.0.0.1', help: 'address of the API; a non-loopback one needs --api-token-file (or --insecure-open-api true). Without a token keep it on loopback: a control server elsewhere comes in through an SSH tunnel' },
   apiPort: { kind: 'port', default: 8000, help: 'port of the management API (also the auth_request and model API target of the Nginx sites)' },
@@ -80,31 +74,8 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, Spec> = {
   logLevel: { kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], default: 'info', help: 'JSON log level' },
 };
 
-export function kebab(name: string): string {
-  return name.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`);
-}
-
-export function envName(name: string): string {
-  return `DSTACK_PROXY_${name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
-}
-
-export function resolveOptions(
-  sources: { flags?: Record<string, string | undefined>; env?: NodeJS.ProcessEnv; configFile?: string },
-): GatewayOptions {
-  const fromFile = sources.configFile ? readConfigFile(sources.configFile) : {};
-  const out: Record<string, unknown> = {};
-  for (const [name, spec] of Object.entries(OPTION_SPECS)) {
-    const flag = sources.flags?.[name];
-    const env = sources.env?.[envName(name)];
-    const file = fromFile[name];
-    const [raw, where] =
-      flag !== undefined ? [flag, `--${kebab(name)}`]
-      : env !== undefined ? [env, envName(name)]
-      : file !== undefined ? [file, `${sources.configFile}: ${name}`]
-      : [spec.default, 'default'];
-    out[name] = raw === undefined ? undefined : coerce(raw, spec, where);
-  }
-  const options = out as unknown as GatewayOptions;
+export function resolveOptions(sources: OptionSources): GatewayOptions {
+  const options = resolveTable(OPTION_SPECS, sources) as unknown as GatewayOptions;
   if (options.httpPort === options.httpsPort) {
     throw new ProxyError('DP_ERR_BAD_OPTION', `--http-port and --https-port are both ${options.httpPort}`);
   }
@@ -112,48 +83,4 @@ export function resolveOptions(
     throw new ProxyError('DP_ERR_BAD_OPTION', '--sites-dir is required with --nginx system');
   }
   return options;
-}
-
-function readConfigFile(file: string): Record<string, unknown> {
-  let data: unknown;
-  try {
-    data = parseYaml(readFileSync(file, 'utf8'));
-  } catch (err) {
-    throw new ProxyError('DP_ERR_BAD_OPTION', `cannot read config ${file}: ${(err as Error).message.split('\n')[0]}`);
-  }
-  if (data === null || data === undefined) return {};
-  if (typeof data !== 'object' || Array.isArray(data)) throw new ProxyError('DP_ERR_BAD_OPTION', `config ${file} must be a YAML mapping`);
-  for (const key of Object.keys(data)) {
-    if (!(key in OPTION_SPECS)) throw new ProxyError('DP_ERR_BAD_OPTION', `config ${file}: unknown option "${key}"`);
-  }
-  return data as Record<string, unknown>;
-}
-
-function coerce(raw: unknown, spec: Spec, where: string): string | number {
-  const bad = (why: string): never => {
-    throw new ProxyError('DP_ERR_BAD_OPTION', `${where}: ${why}; got ${JSON.stringify(raw)}`);
-  };
-  switch (spec.kind) {
-    case 'string':
-      if (typeof raw !== 'string' && typeof raw !== 'number') bad('must be a string');
-      return String(raw);
-    case 'enum':
-      if (!spec.values?.includes(String(raw))) bad(`must be one of ${spec.values?.join(', ')}`);
-      return String(raw);
-    case 'port': {
-      const n = Number(raw);
-      if (!Number.isInteger(n) || n < 0 || n > 65535) bad('must be a port number 0-65535 (0 = pick a free one)');
-      return n;
-    }
-    case 'count': {
-      const n = Number(raw);
-      if (!Number.isInteger(n) || n < 1 || n > 1000) bad('must be a whole number from 1 to 1000');
-      return n;
-    }
-    case 'seconds': {
-      const n = Number(raw);
-      if (!Number.isFinite(n) || n <= 0 || n > 86_400) bad('must be a number of seconds > 0 and ≤ 86400');
-      return n;
-    }
-  }
 }

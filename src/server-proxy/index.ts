@@ -1,5 +1,4 @@
 export { registerServerProxy, type ServerProxy, type ServerProxyOptions } from './plugin.js';
-export { startServerProxy, type ExtraRoutes, type RunningServerProxy, type ServerProxyDeps, type ServerProxyServerOptions } from './server.js';
 export { createInProcessStats, type InProcessStats } from './stats.js';
 export { RateLimiter, longestPrefix } from './rate-limit.js';
 export { downstreamRawHeaders, downstreamResponseHeaders, upstreamRequestHeaders, HOP_BY_HOP } from './headers.js';

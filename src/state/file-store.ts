@@ -60,7 +60,7 @@ class FileStore implements StateStore {
       });
     }
     const hash = hashSpec(state);
-    if (hash === current.hash) return { changed: false, generation: current.generation, hash };
+    if (hash === current.hash) return { ...current, changed: false };
     const next: StoredState = {
       generation: current.generation + 1,
       hash,
@@ -76,7 +76,7 @@ class FileStore implements StateStore {
       mapError: writeError,
     });
     this.current = next;
-    return { changed: true, generation: next.generation, hash };
+    return { ...next, changed: true };
   }
 
   async close(): Promise<void> {

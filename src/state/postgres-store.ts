@@ -192,7 +192,8 @@ class PostgresStore implements WatchedStateStore {
       if (this.tracker.hashOf(row) === hash) {
         await client.query('COMMIT');
         this.tracker.accept(row);
-        return { changed: false, generation: row.generation, hash };
+        // The row holds this very content (equal hash).
+        return { generation: row.generation, hash, state, updatedAt: row.updatedAt, changed: false };
       }
       const generation = row.generation + 1;
       const res = await client.query(
@@ -201,8 +202,9 @@ class PostgresStore implements WatchedStateStore {
       );
       if (res.rowCount !== 1) throw mismatch(ifMatch ?? row.generation, row.generation);
       await client.query('COMMIT'); // the trigger's NOTIFY is delivered now, with the commit
-      this.tracker.wrote({ generation, hash, state, updatedAt });
-      return { changed: true, generation, hash };
+      const stored: StoredState = { generation, hash, state, updatedAt };
+      this.tracker.wrote(stored);
+      return { ...stored, changed: true };
     } catch (err) {
       if (isConnectionError(err)) {
         // No ROLLBACK on a dead or silent connection (it would wait out another timeout):

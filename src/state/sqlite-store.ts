@@ -142,26 +142,31 @@ class SqliteStore implements WatchedStateStore {
   async write(state: ProxyState, { ifMatch }: WriteOptions = {}): Promise<WriteResult> {
     const hash = hashSpec(state);
     const updatedAt = new Date((this.options.clock ?? Date).now()).toISOString();
-    const tx = this.db.transaction((): { result: WriteResult; row: RawRow } => {
+    const tx = this.db.transaction((): { written: number } | { unchanged: RawRow } => {
       const row = this.rawRow();
       if (ifMatch !== undefined && ifMatch !== row.generation) throw mismatch(ifMatch, row.generation);
-      if (this.tracker.hashOf(row) === hash) return { result: { changed: false, generation: row.generation, hash }, row };
+      if (this.tracker.hashOf(row) === hash) return { unchanged: row };
       const generation = row.generation + 1;
       const info = this.update.run(generation, JSON.stringify(documentOf(state)), hash, updatedAt, row.generation);
       // Unreachable under BEGIN IMMEDIATE; kept so the statement alone carries the contract.
       if (info.changes !== 1) throw mismatch(ifMatch ?? row.generation, row.generation);
-      return { result: { changed: true, generation, hash }, row: { generation, document: '', updatedAt } };
+      return { written: generation };
     });
-    let outcome: { result: WriteResult; row: RawRow };
+    let outcome: { written: number } | { unchanged: RawRow };
     try {
       outcome = tx.immediate();
     } catch (err) {
       throw storageError(this.file, err);
     }
-    const { result, row } = outcome;
-    if (result.changed) this.tracker.wrote({ generation: result.generation, hash, state, updatedAt: row.updatedAt });
-    else this.tracker.accept(row);
-    return result;
+    if ('written' in outcome) {
+      const stored: StoredState = { generation: outcome.written, hash, state, updatedAt };
+      this.tracker.wrote(stored);
+      return { ...stored, changed: true };
+    }
+    const row = outcome.unchanged;
+    this.tracker.accept(row);
+    // The row holds this very content (equal hash).
+    return { generation: row.generation, hash, state, updatedAt: row.updatedAt, changed: false };
   }
 
   watch(listener: ChangeListener): () => void {
@@ -224,3 +229,4 @@ function storageError(file: string, err: unknown): unknown {
 export function mismatch(ifMatch: number, generation: number): ProxyError {
   return new ProxyError('DP_ERR_GENERATION_MISMATCH', `If-Match is ${ifMatch}; the current generation is ${generation}`, { generation });
 }
+

@@ -18,10 +18,9 @@ export interface WriteOptions {
   ifMatch?: number;
 }
 
-export interface WriteResult {
+/** The document stored after the write (the current one when nothing changed): nobody re-reads to learn it. */
+export interface WriteResult extends StoredState {
   changed: boolean;
-  generation: number;
-  hash: string;
 }
 
 export interface StateStore {

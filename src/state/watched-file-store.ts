@@ -57,7 +57,8 @@ class WatchedFileStore implements WatchedStateStore {
       const result = await this.inner.write(state, options);
       if (result.changed) {
         this.signature = await signature(this.file);
-        this.tracker.wrote(await this.inner.read());
+        const { changed: _changed, ...stored } = result;
+        this.tracker.wrote(stored);
       }
       return result;
     });

@@ -6,7 +6,7 @@ import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { startServerProxy, type RunningServerProxy } from '../../src/server-proxy/server.js';
+import { startServerProxy, type RunningServerProxy } from '../../src/daemon/server-proxy.js';
 import { runCli } from '../helpers/cli.js';
 import { tmpDir } from '../helpers/tmp.js';
 import { send } from '../server-proxy/harness.js';

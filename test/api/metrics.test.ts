@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import Fastify, { type FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics, metricsRoutes, type Metrics } from '../../src/api/metrics.js';
-import { startGateway, type Gateway } from '../../src/gateway/gateway.js';
+import { startGateway, type Gateway } from '../../src/daemon/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
 import { nginxMetricFamilies } from '../../src/reconcilers/nginx/loop.js';
 import type { CertificateOutputs } from '../../src/reconcilers/outputs.js';

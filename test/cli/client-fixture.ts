@@ -4,7 +4,7 @@
 import { join } from 'node:path';
 import { pino } from 'pino';
 import type { Io } from '../../src/cli/command.js';
-import { startGateway, type Gateway, type GatewayDeps } from '../../src/gateway/gateway.js';
+import { startGateway, type Gateway, type GatewayDeps } from '../../src/daemon/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
 import { freePorts } from '../helpers/ports.js';
 import { tmpDir } from '../helpers/tmp.js';

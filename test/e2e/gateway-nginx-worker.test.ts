@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startGateway } from '../../src/gateway/gateway.js';
+import { startGateway } from '../../src/daemon/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
 import { putState, type TestGateway } from '../helpers/gateway.js';
 import { close } from '../helpers/http.js';

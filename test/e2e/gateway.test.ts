@@ -6,7 +6,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startGateway } from '../../src/gateway/gateway.js';
+import { startGateway } from '../../src/daemon/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
 import { testConfig } from '../../src/reconcilers/nginx/nginx-process.js';
 import {

@@ -8,7 +8,7 @@ import { request as httpsRequest } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import Fastify from 'fastify';
-import { startGateway, type GatewayDeps } from '../../src/gateway/gateway.js';
+import { startGateway, type GatewayDeps } from '../../src/daemon/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
 import { API_VERSION, KIND } from '../../src/spec/index.js';
 import { api, type TestGateway } from '../helpers/gateway.js';

@@ -4,7 +4,7 @@
 import { readdir, stat } from 'node:fs/promises';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { join, relative } from 'node:path';
-import { startGateway, type Gateway, type GatewayDeps } from '../../src/gateway/gateway.js';
+import { startGateway, type Gateway, type GatewayDeps } from '../../src/daemon/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
 import { API_VERSION, KIND } from '../../src/spec/index.js';
 import { freePorts } from './ports.js';

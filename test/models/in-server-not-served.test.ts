@@ -5,7 +5,7 @@
 import OpenAI from 'openai';
 import { pino } from 'pino';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { startServerProxy, type RunningServerProxy } from '../../src/server-proxy/server.js';
+import { startServerProxy, type RunningServerProxy } from '../../src/daemon/server-proxy.js';
 import { TEST_KEY_A } from '../helpers/keys.js';
 import { freePort } from '../helpers/ports.js';
 import { tmpDir } from '../helpers/tmp.js';

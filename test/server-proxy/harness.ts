@@ -7,7 +7,7 @@ import { connect as netConnect } from 'node:net';
 import { Readable } from 'node:stream';
 import { pino } from 'pino';
 import { registerServerProxy } from '../../src/server-proxy/plugin.js';
-import { startServerProxy, type RunningServerProxy, type ServerProxyDeps, type ServerProxyServerOptions } from '../../src/server-proxy/server.js';
+import { startServerProxy, type RunningServerProxy, type ServerProxyDeps, type ServerProxyServerOptions } from '../../src/daemon/server-proxy.js';
 import { emptyState, type ProxyState, type Service } from '../../src/spec/types.js';
 import { eventually } from '../helpers/nginx.js';
 import { tmpDir } from '../helpers/tmp.js';

@@ -3,7 +3,7 @@
 
 import { pino } from 'pino';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { startServerProxy, type RunningServerProxy } from '../../src/server-proxy/server.js';
+import { startServerProxy, type RunningServerProxy } from '../../src/daemon/server-proxy.js';
 import { eventually } from '../helpers/nginx.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/postgres.js';
 import { tmpDir } from '../helpers/tmp.js';

@@ -9,7 +9,7 @@ import Database from 'better-sqlite3';
 import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startServerProxy, type RunningServerProxy } from '../../src/server-proxy/server.js';
+import { startServerProxy, type RunningServerProxy } from '../../src/daemon/server-proxy.js';
 import { runCli } from '../helpers/cli.js';
 import { TEST_KEY_A } from '../helpers/keys.js';
 import { eventually } from '../helpers/nginx.js';

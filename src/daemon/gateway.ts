@@ -1,0 +1,113 @@
+// The gateway daemon: state.json (watched), the SSH, TLS and Nginx loops over a private or the
+// system Nginx, and the API with the auth_request target, stats, metrics and the model API.
+// startGateway() returns once the API listens and every loop has settled the first pass.
+
+import { join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { pino, type Logger } from 'pino';
+import { checkManagementExposure, readApiToken } from '../api/api-token.js';
+import type { Clock } from '../clock.js';
+import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
+import { prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
+import type { GatewayOptions } from '../gateway/options.js';
+import { gatewayRoutes } from '../gateway/routes.js';
+import { fileFirstSeenStore, observeModels } from '../models/index.js';
+import type { Controller } from '../reconcilers/controller.js';
+import { NGINX_LOOP, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
+import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
+import type { SshLoop } from '../reconcilers/ssh/index.js';
+import { openWatchedFileStore } from '../state/watched-file-store.js';
+import type { WatchedStateStore } from '../state/watched-store.js';
+import { createStatsCollector } from '../stats/index.js';
+import { assemble } from './assemble.js';
+
+export interface Gateway {
+  app: FastifyInstance;
+  controller: Controller;
+  store: WatchedStateStore;
+  /** http://host:port of the API. */
+  apiUrl: string;
+  nginxStats: NginxLoopStats;
+  /** Tunnels and the per-service balancer (connect(serviceKey) for in-process proxies). */
+  ssh: SshLoop;
+  /** The private Nginx, when it runs one. */
+  nginx: NginxProcess | undefined;
+  paths: { stateDir: string; confDir: string; accessLog: string; acmeWebroot: string };
+  close(): Promise<void>;
+}
+
+export interface GatewayDeps extends GatewayLoopDeps {
+  logger?: Logger;
+  clock?: Clock;
+}
+
+export async function startGateway(options: GatewayOptions, deps: GatewayDeps = {}): Promise<Gateway> {
+  const logger = deps.logger ?? pino({ level: options.logLevel, base: { svc: 'dstack-proxy' } });
+  const clock = deps.clock ? { clock: deps.clock } : {};
+  let apiToken: string | undefined;
+  let host!: GatewayHost;
+  let loops!: ReturnType<typeof gatewayLoops>;
+  const stateDir = resolve(options.stateDir);
+  // Both touch nothing until used.
+  const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
+  const stats = createStatsCollector({ accessLogPath: join(stateDir, 'logs', 'access.log'), logger: logger.child({ component: 'stats' }) });
+  const daemon = await assemble({
+    logger,
+    ...clock,
+    resyncIntervalMs: options.resyncInterval * 1000,
+    async preflight() {
+      apiToken = options.apiTokenFile ? await readApiToken(options.apiTokenFile, logger) : undefined;
+      await checkManagementExposure(
+        {
+          what: 'the management API (/api/v1/*, /metrics, /api/stats/collect)',
+          host: options.apiHost,
+          port: options.apiPort,
+          hostFlag: '--api-host',
+          tokenFlag: '--api-token-file',
+          insecureFlag: '--insecure-open-api true',
+          hasToken: apiToken !== undefined,
+          insecure: options.insecureOpenApi === 'true',
+        },
+        logger,
+      );
+    },
+    // A corrupt state.json fails here, before anything else is touched.
+    store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }) }),
+    async loops(d) {
+      host = await prepareGatewayHost(options, logger, () => d.controller.notify());
+      d.defer(() => host.nginx?.stop());
+      loops = gatewayLoops(options, host, () => d.current().generation, deps);
+      return [loops.ssh, loops.tls, loops.nginx];
+    },
+    planNotes: (loop, kinds) => (loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined),
+    onGeneration: async (s) => void (await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000))),
+    async listeners(d) {
+      d.defer(() => stats.stop());
+      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen });
+      return [{ host: options.apiHost, port: options.apiPort, app: { ...(apiToken ? { apiToken } : {}), routes } }];
+    },
+    async beforeListen() {
+      await host.nginx?.start();
+      stats.start();
+    },
+    listening([port], d) {
+      // With --api-port 0 the sites learn the real port before the first pass renders them.
+      loops.view.apiUrl = apiTarget(options.apiHost, port!);
+      logger.info({ port, generation: d.current().generation, nginx: options.nginx, confDir: host.confDir }, 'gateway listening');
+    },
+    // Nginx serves the document; certificates still being requested arrive later on their own.
+    readyWhen: 'settled',
+    ready: (d) => logger.info({ generation: d.current().generation }, 'first reconcile pass settled'),
+  });
+  return {
+    app: daemon.apps[0]!,
+    controller: daemon.controller,
+    store: daemon.store,
+    apiUrl: daemon.urls[0]!,
+    nginxStats: loops.nginx.stats,
+    ssh: loops.ssh,
+    nginx: host.nginx,
+    paths: { stateDir: host.stateDir, confDir: host.confDir, accessLog: host.accessLog, acmeWebroot: host.workerDirs.acmeWebroot },
+    close: daemon.close,
+  };
+}

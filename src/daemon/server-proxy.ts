@@ -1,0 +1,200 @@
+// The standalone in-server proxy (`dstack-proxy server-proxy`): the document from a database
+// (SQLite or PostgreSQL) or a state directory, watched; the SSH loop in-process with a tunnel
+// for every replica; and one fastify app serving PUT/GET /api/v1/state, /proxy/services,
+// /proxy/models, /api/stats/collect, /api/v1/status, /healthz and /readyz. Several processes
+// on one PostgreSQL serve the same document: a commit through any of them reaches all within 1 s.
+//
+// The management routes (state, status, stats) rewrite or reveal all routing. They are served
+// either on the proxy's listener or, with `apiPort`, on a listener of their own (loopback by
+// default) — and without an API token only on a loopback address: start refuses otherwise
+// unless `insecureOpenApi` says so.
+
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { pino, type Logger } from 'pino';
+import { checkManagementExposure, readApiToken } from '../api/api-token.js';
+import { statsRoutes } from '../api/stats-routes.js';
+import { createControlServerAuth, noServerAuth } from '../auth/index.js';
+import type { Clock } from '../clock.js';
+import { ProxyError } from '../errors.js';
+import { connectForwarder, fileFirstSeenStore, registerModelApi } from '../models/index.js';
+import type { Controller } from '../reconcilers/controller.js';
+import { createSshLoop, NoReadyReplicaError, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
+import type { Authorize } from '../server-proxy/admit.js';
+import { registerServerProxy, type ServerProxy } from '../server-proxy/plugin.js';
+import type { ConnectFn } from '../server-proxy/upstream.js';
+import type { ProxyState } from '../spec/index.js';
+import { openStore, redactStoreUrl } from '../state/open-store.js';
+import type { StoredState } from '../state/store.js';
+import type { WatchedStateStore } from '../state/watched-store.js';
+import { assemble, type RouteModule } from './assemble.js';
+
+export interface ServerProxyServerOptions {
+  /** `sqlite:PATH`, `postgres://…`, or a state directory (state.json). */
+  db: string;
+  /** Default 127.0.0.1. */
+  host?: string;
+  /** Default 8080; 0 picks a free port. */
+  port?: number;
+  /** The control server answering `POST /api/projects/<p>/get` (auth: true services). Without it they are refused. */
+  serverUrl?: string;
+  /** Balancer sockets and scratch files. Default a private temporary directory, removed at close. */
+  stateDir?: string;
+  /** Protects /api/v1/* and /api/stats/collect with a bearer token (the file holds it). */
+  apiTokenFile?: string;
+  /**
+   * Serve the management routes (/api/v1/*, /api/stats/collect) on their own listener at
+   * apiHost:apiPort instead of the proxy's (0 picks a free port). The proxy's listener then
+   * answers them 404.
+   */
+  apiPort?: number;
+  /** With apiPort: its address. Default 127.0.0.1. */
+  apiHost?: string;
+  /** Allow management routes without a token on a non-loopback address (a firewall you trust). */
+  insecureOpenApi?: boolean;
+  /** Default 10 s. */
+  connectTimeoutMs?: number;
+  /** Default 300 s. */
+  readTimeoutMs?: number;
+  /** Every loop runs at least this often. Default 60 s. */
+  resyncIntervalMs?: number;
+  logLevel?: string;
+}
+
+/** Mount point for routes that need the same state, auth and connections (the model API). */
+export type ExtraRoutes = (app: FastifyInstance, ctx: { getState: () => ProxyState; authorize: Authorize; connect: ConnectFn }) => Promise<void>;
+
+export interface ServerProxyDeps {
+  logger?: Logger;
+  clock?: Clock;
+  /** SSH loop overrides (tests: short keepalive, reconnect). */
+  ssh?: Partial<SshLoopOptions>;
+  /** Replaces the control-server check (a host server's own). */
+  authorize?: Authorize;
+  /** Store poll interval (SQLite, state.json) / safety-net poll (PostgreSQL). */
+  pollMs?: number;
+  /** Registered after the proxy routes: `/proxy/models/:project/*` goes here. */
+  extraRoutes?: ExtraRoutes;
+}
+
+export interface RunningServerProxy {
+  app: FastifyInstance;
+  /** http://host:port */
+  url: string;
+  /** The management app: `app` itself, or the one on apiPort. */
+  apiApp: FastifyInstance;
+  /** http://host:port of the management routes: `url`, or the apiPort listener's. */
+  apiUrl: string;
+  store: WatchedStateStore;
+  controller: Controller;
+  ssh: SshLoop;
+  proxy: ServerProxy;
+  /** The generation being served. */
+  current(): StoredState;
+  close(): Promise<void>;
+}
+
+export async function startServerProxy(o: ServerProxyServerOptions, deps: ServerProxyDeps = {}): Promise<RunningServerProxy> {
+  const logger = deps.logger ?? pino({ level: o.logLevel ?? 'info', base: { svc: 'dstack-proxy', mode: 'server-proxy' } });
+  const clock = deps.clock ? { clock: deps.clock } : {};
+  const [host, port, separate] = [o.host ?? '127.0.0.1', o.port ?? 8080, o.apiPort !== undefined];
+  const apiHost = separate ? (o.apiHost ?? '127.0.0.1') : host;
+  let apiToken: string | undefined;
+  let ssh!: SshLoop;
+  let stateDir = o.stateDir ? resolve(o.stateDir) : undefined;
+  let proxy: ServerProxy | undefined;
+  const daemon = await assemble({
+    logger,
+    ...clock,
+    ...(o.resyncIntervalMs ? { resyncIntervalMs: o.resyncIntervalMs } : {}),
+    async preflight() {
+      if (o.apiHost !== undefined && !separate) throw new ProxyError('DP_ERR_BAD_OPTION', '--api-host needs --api-port (management on its own listener)');
+      apiToken = o.apiTokenFile ? await readApiToken(o.apiTokenFile, logger) : undefined;
+      await checkManagementExposure(
+        {
+          what: 'the management API (/api/v1/state, /api/v1/status, /api/stats/collect)',
+          host: apiHost,
+          port: separate ? o.apiPort! : port,
+          hostFlag: separate ? '--api-host' : '--host',
+          tokenFlag: '--api-token-file',
+          insecureFlag: '--insecure-open-api',
+          ...(separate ? {} : { alternative: 'move it to its own loopback listener (--api-port PORT)' }),
+          hasToken: apiToken !== undefined,
+          insecure: o.insecureOpenApi === true,
+        },
+        logger,
+      );
+    },
+    store: () => openStore(o.db, { logger: logger.child({ component: 'store' }), ...(deps.pollMs ? { pollMs: deps.pollMs } : {}) }),
+    // Tunnels: the SSH loop in-process, eager for every replica; connections via its balancer.
+    async loops(d) {
+      if (!stateDir) {
+        const dir = (stateDir = await mkdtemp(join(tmpdir(), 'dstack-proxy-')));
+        d.defer(() => rm(dir, { recursive: true, force: true }));
+      }
+      ssh = createSshLoop({ stateDir, ...(deps.ssh ?? {}) });
+      return [ssh];
+    },
+    async listeners(d) {
+      const auth = o.serverUrl ? createControlServerAuth({ serverUrl: o.serverUrl, logger: logger.child({ component: 'auth' }), ...clock }) : noServerAuth;
+      d.defer(() => auth.close());
+      const authorize: Authorize = deps.authorize ?? ((project, token) => auth.check(project, token));
+      const connect = balancerConnect(ssh);
+      const models = connectForwarder(connect);
+      d.defer(() => models.close());
+      const getState = (): ProxyState => d.current().state;
+      const timeouts = { ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}), ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}) };
+      const proxyRoutes: RouteModule[] = [
+        async (a) => {
+          proxy = await registerServerProxy(a, { getState, connect, authorize, logger: logger.child({ component: 'proxy' }), ...timeouts, ...clock });
+        },
+        async (a) =>
+          registerModelApi(a, {
+            prefix: '/proxy/models/:project',
+            getState,
+            authorize,
+            forward: (service, request) => models.forward(service, request),
+            firstSeen: fileFirstSeenStore(join(stateDir!, 'models.json')),
+            ...clock,
+          }),
+        ...(deps.extraRoutes ? [async (a: FastifyInstance) => deps.extraRoutes!(a, { getState, authorize, connect })] : []),
+      ];
+      const managementRoutes: RouteModule[] = [async (a, guard) => a.register(statsRoutes, { collector: proxy!.stats, getState, guard })];
+      const token = apiToken ? { apiToken } : {};
+      // One app for everything, or the proxy's app without management plus a management app.
+      if (!separate) return [{ host, port, app: { ...token, routes: [...proxyRoutes, ...managementRoutes] } }];
+      return [
+        { host, port, app: { ...token, management: false, routes: proxyRoutes } },
+        { host: apiHost, port: o.apiPort!, app: { ...token, routes: managementRoutes } },
+      ];
+    },
+    // Tunnels opening: /readyz says so until the first pass is done.
+    readyWhen: 'done',
+    ready: (d, [url, apiUrl = url]) => logger.info({ url, apiUrl, db: redactStoreUrl(o.db), generation: d.current().generation }, 'server proxy listening'),
+  });
+  const [app, apiApp = app] = daemon.apps as [FastifyInstance, FastifyInstance?];
+  const [url, apiUrl = url] = daemon.urls as [string, string?];
+  const { store, controller, current, close } = daemon;
+  return { app, url, apiApp, apiUrl, store, controller, ssh, proxy: proxy!, current, close };
+}
+
+/**
+ * balancer.connect, with one refinement: when Ready replicas existed but every one refused,
+ * that is the replica's failure (502), not "no Ready replica" (503). The balancer does not say
+ * which it was, so the open-failure counter tells (a concurrent failure may be misattributed).
+ */
+function balancerConnect(ssh: SshLoop): ConnectFn {
+  return async (key) => {
+    const before = ssh.balancer.stats.openFailures;
+    try {
+      return await ssh.balancer.connect(key);
+    } catch (err) {
+      if (err instanceof NoReadyReplicaError && ssh.balancer.stats.openFailures > before) {
+        throw Object.assign(new Error(`every Ready replica of ${key} refused the connection`), { status: 502 });
+      }
+      throw err;
+    }
+  };
+}

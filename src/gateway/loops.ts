@@ -1,0 +1,91 @@
+// The gateway's three loops, configured from its options: SSH (tunnels and a balancer socket
+// per service), TLS (certbot) and Nginx (sites pointing at those sockets and certificates).
+
+import { resolve } from 'node:path';
+import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type NginxLoopOptions } from '../reconcilers/nginx/loop.js';
+import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
+import { createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
+import { serviceKey } from '../spec/index.js';
+import type { GatewayHost } from './nginx-host.js';
+import type { GatewayOptions } from './options.js';
+
+export interface GatewayLoopDeps {
+  /** SSH loop overrides (tests: short keepalive, reconnect). */
+  ssh?: Partial<SshLoopOptions>;
+  /** DNS pre-flight resolver of the TLS loop (tests resolve everything to 127.0.0.1). */
+  resolve?: (domain: string) => Promise<unknown>;
+  /** Test hook passed to the Nginx loop. */
+  renderHook?: NginxLoopOptions['renderHook'];
+  /** Nginx loop overrides (the bench compares reload intervals). */
+  nginxLoop?: Pick<NginxLoopOptions, 'minReloadIntervalMs'>;
+}
+
+export interface GatewayLoops {
+  ssh: SshLoop;
+  tls: TlsLoop;
+  nginx: ReturnType<typeof createNginxLoop>;
+  /** What the sites are rendered with, read at every pass (apiUrl is fixed up once the API listens). */
+  view: NginxLoopOptions['view'];
+}
+
+export function gatewayLoops(options: GatewayOptions, host: GatewayHost, currentGeneration: () => number, deps: GatewayLoopDeps): GatewayLoops {
+  const { stateDir, workerDirs } = host;
+  const view: NginxLoopOptions['view'] = {
+    httpPort: options.httpPort,
+    httpsPort: options.httpsPort,
+    listenHost: options.listenHost,
+    apiUrl: apiTarget(options.apiHost, options.apiPort),
+    proxyReadTimeoutSec: Math.round(options.proxyReadTimeout),
+    acmeWebroot: workerDirs.acmeWebroot,
+    accessLogPath: host.accessLog,
+    internalSocket: host.internal.socketPath,
+    entrypointKeyInclude: host.internal.keyInclude,
+  };
+  const ssh = createSshLoop({
+    stateDir,
+    socketDir: workerDirs.socketDir,
+    ...(workerDirs.gid !== null ? { socketGid: workerDirs.gid, socketMode: 0o660 } : {}),
+    keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
+    keepaliveCountMax: options.sshKeepaliveCountMax,
+    drainMs: options.drainPeriod * 1000,
+    // A removed service's socket stays until Nginx has stopped routing to it.
+    routedBy: NGINX_LOOP,
+    ...(deps.ssh ?? {}),
+  });
+  const tls = createTlsLoop({
+    stateDir,
+    acmeWebroot: workerDirs.acmeWebroot,
+    certbotBin: options.certbotBin,
+    timeoutMs: options.certbotTimeout * 1000,
+    dnsPreflight: options.dnsPreflight === 'true',
+    ...(options.certbotDir ? { certbotDirs: host.certbotDirs } : {}),
+    ...(options.acmeCaBundle ? { env: { REQUESTS_CA_BUNDLE: resolve(options.acmeCaBundle) } } : {}),
+    ...(deps.resolve ? { resolve: deps.resolve } : {}),
+  });
+  const nginx = createNginxLoop({
+    confDir: host.confDir,
+    mainConfPath: host.mainConfPath,
+    test: host.test,
+    reload: host.reload,
+    view,
+    // A domain's certificate, from the TLS loop's status; a service's upstream, its balancer
+    // socket (so replica changes need no reload).
+    upstreamFor: (service) => ({ kind: 'socket', path: ssh.balancer.socketPathFor(serviceKey(service)) }),
+    dependsOn: [TLS_LOOP, SSH_LOOP],
+    // Certificates come from the TLS loop's status; the SSH loop only has to have bound the
+    // sockets first (its tunnels' ups and downs, a retired socket closing, change no site).
+    triggeredBy: [TLS_LOOP],
+    ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
+    ...(host.nginx ? { supervisor: () => host.nginx!.info } : {}),
+    currentGeneration,
+    minReloadIntervalMs: DEFAULT_MIN_RELOAD_INTERVAL_MS,
+    ...(deps.nginxLoop ?? {}),
+  });
+  return { ssh, tls, nginx, view };
+}
+
+/** Where the sites reach the API (auth_request, the model API): a wildcard means loopback. */
+export function apiTarget(apiHost: string, port: number): string {
+  const host = apiHost === '0.0.0.0' || apiHost === '::' ? '127.0.0.1' : apiHost;
+  return `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+}

@@ -1,0 +1,77 @@
+// The gateway's route modules beyond the state API: the auth_request target Nginx calls, the
+// autoscaler's stats, /metrics, and the OpenAI-compatible model API.
+
+import type { Logger } from 'pino';
+import { thisHostOnly } from '../api/api-token.js';
+import { authRoutes } from '../api/auth-routes.js';
+import { metricsRoutes } from '../api/metrics.js';
+import { statsRoutes } from '../api/stats-routes.js';
+import { createControlServerAuth, noServerAuth } from '../auth/index.js';
+import type { RouteModule } from '../api/app.js';
+import type { Clock } from '../clock.js';
+import type { Controller } from '../reconcilers/controller.js';
+import type { StoredState } from '../state/store.js';
+import { entrypointClient, nginxForwarder, registerModelApi, type FirstSeenStore } from '../models/index.js';
+import type { StatsCollector } from '../stats/index.js';
+import type { GatewayLoops } from './loops.js';
+import { gatewayMetrics } from './metrics-sources.js';
+import type { GatewayHost } from './nginx-host.js';
+import type { GatewayOptions } from './options.js';
+
+/** What the routes need of the daemon being assembled. */
+export interface RouteContext {
+  logger: Logger;
+  clock: Clock | undefined;
+  controller: Controller;
+  current(): StoredState;
+  /** Releases `cleanup` when the daemon closes. */
+  defer(cleanup: () => unknown): void;
+}
+
+export function gatewayRoutes(
+  d: RouteContext,
+  options: GatewayOptions,
+  { host, loops, stats, firstSeen }: { host: GatewayHost; loops: GatewayLoops; stats: StatsCollector; firstSeen: FirstSeenStore },
+): RouteModule[] {
+  const clock = d.clock ? { clock: d.clock } : {};
+  const auth = options.serverUrl
+    ? createControlServerAuth({
+        serverUrl: options.serverUrl,
+        ttlMs: options.authCacheTtl * 1000,
+        timeoutMs: options.authTimeout * 1000,
+        logger: d.logger.child({ component: 'auth' }),
+        ...clock,
+      })
+    : noServerAuth;
+  d.defer(() => auth.close());
+  // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
+  // per client and counted like any other request, on the internal listener (no auth_request
+  // there: the model API checks the token itself).
+  const modelForwarder = nginxForwarder({ socketPath: host.internal.socketPath });
+  d.defer(() => modelForwarder.close());
+  const metrics = gatewayMetrics(d.controller, d.current, stats, loops);
+  return [
+    // Nginx calls the auth target for every request: never behind the API token, and for
+    // this host only (an API beyond loopback must not be a token oracle for the network).
+    async (a) =>
+      a.register(async (scope) => {
+        scope.addHook('onRequest', thisHostOnly);
+        await scope.register(authRoutes, { auth });
+      }),
+    // Stats and metrics list every project, service, replica and domain: management data.
+    async (a, guard) => a.register(statsRoutes, { collector: stats, getState: async () => d.current().state, guard }),
+    async (a, guard) => a.register(metricsRoutes, { metrics, guard }),
+    // The OpenAI-compatible API; entrypoint sites proxy here. Always token-checked.
+    async (a) =>
+      registerModelApi(a, {
+        prefix: '/api/models/:project',
+        getState: () => d.current().state,
+        authorize: (project, token) => auth.check(project, token),
+        forward: (service, request) => modelForwarder.forward(service, request),
+        // Behind an entrypoint site the client is who Nginx saw; called directly, the peer.
+        clientOf: entrypointClient(host.internal.key),
+        firstSeen,
+        ...clock,
+      }),
+  ];
+}
