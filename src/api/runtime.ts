@@ -11,7 +11,7 @@ export interface PlannedAction {
   key: string;
   kind: string;
   summary: string;
-  /** Unified diff (Nginx files); dry runs only. */
+  /** Unified diff (Nginx files). */
   diff?: string;
 }
 
@@ -24,21 +24,14 @@ export interface LoopPlan {
 export interface Plan {
   /** Object-level changes of the document; secrets only as '<redacted>'. */
   document: SpecDiff;
+  /** Per loop, its actions: a dry run's. Empty in the answer of a PUT that applies. */
   loops: Record<string, LoopPlan>;
-}
-
-export interface PlanOptions {
-  /**
-   * Unified diffs of the Nginx files. Default true. The answer of a PUT that applies leaves
-   * them out: a cold document of 1,000 sites would otherwise carry 1,000 whole files back.
-   */
-  diffs?: boolean;
 }
 
 export interface Runtime {
   store: StateStore;
-  /** What every loop would do to reach `next`. Pure of side effects. */
-  plan(next: ProxyState, current: ProxyState, opts?: PlanOptions): Promise<Plan>;
+  /** A dry run: what every loop would do to reach `next`. Pure of side effects. */
+  plan(next: ProxyState, current: ProxyState): Promise<Plan>;
   /** A new generation was stored: converge to it. */
   notify(): void;
   status(): StatusSnapshot;

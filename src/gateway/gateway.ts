@@ -201,13 +201,12 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let ready = false;
   const runtime: Runtime = {
     store,
-    plan: (next, base, opts) =>
+    plan: (next, base) =>
       planFromController(
         controller,
         next,
         base,
         (loop, kinds) => (loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined),
-        opts,
       ),
     notify() {
       // A failed read must not become an unhandled rejection (fatal in Node): log it; the next

@@ -172,7 +172,7 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     const getState = (): ProxyState => current.state;
     const runtime: Runtime = {
       store,
-      plan: (next, base, opts) => planFromController(controller, next, base, undefined, opts),
+      plan: (next, base) => planFromController(controller, next, base),
       // A write through this process is reported by the watch too; reading here only makes it sooner.
       notify() {
         // A failed read must not become an unhandled rejection (fatal in Node): the watch delivers it.
