@@ -1,6 +1,6 @@
-// Pieces of header-field parsing (RFC 9110 §5) shared by the response parser (parser.ts) and the
-// in-server proxy's request-head parser (server-proxy/raw/request-head.ts): small enough for V8
-// to inline into their loops.
+// Pieces of header-field parsing (RFC 9110 §5) shared by the response parser (parser.ts), the
+// in-server proxy's request-head parser (server-proxy/raw/request-head.ts) and the model API's
+// response adapter: small enough for V8 to inline into their loops.
 
 /** SP or HTAB: optional whitespace around a field value. */
 export function isOws(c: number): boolean {
@@ -37,4 +37,18 @@ export function hasDuplicateHost(raw: readonly string[]): boolean {
     }
   }
   return false;
+}
+
+/** Lower-case names; repeated headers joined with ', ' (set-cookie kept as a list). */
+export function headerObject(raw: readonly string[]): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = Object.create(null) as Record<string, string | string[]>;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    const value = raw[i + 1]!;
+    const prev = out[name];
+    if (prev === undefined) out[name] = name === 'set-cookie' ? [value] : value;
+    else if (Array.isArray(prev)) prev.push(value);
+    else out[name] = `${prev}, ${value}`;
+  }
+  return out;
 }

@@ -5,6 +5,7 @@ import { mkdir, open, readFile, readdir, readlink, stat, unlink, writeFile } fro
 import { join, resolve } from 'node:path';
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
+import { systemClock, type Clock, type TimerHandle } from '../../clock.js';
 import { ProxyError } from '../../errors.js';
 import { GLOBAL_FILE, SITES_SUBDIR, quote } from './names.js';
 
@@ -156,9 +157,11 @@ export function systemNginx(
     nginxConf?: string;
     /** How long reload() waits for the previous workers to stop accepting. Default 15 s. */
     timeoutMs?: number;
+    clock?: Clock;
   } = {},
 ) {
   const exec = opts.exec ?? defaultExec;
+  const clock = opts.clock ?? systemClock;
   const timeoutMs = opts.timeoutMs ?? 15_000;
   const reloadArgv = splitCommand(opts.reloadCommand ?? 'nginx -s reload');
   const testArgv = splitCommand(opts.testCommand ?? 'nginx -t');
@@ -179,12 +182,12 @@ export function systemNginx(
       const master = pidFile ? await masterFromPidFile(pidFile) : undefined;
       const old = master ? await acceptingWorkers(master) : [];
       const [bin, ...args] = reloadArgv as [string, ...string[]];
-      const t0 = Date.now();
+      const t0 = clock.now();
       const r = await exec(bin, args);
       if (r.exitCode !== 0) throw new Error(`${reloadArgv.join(' ')} exited ${r.exitCode}: ${r.stderr.trim()}`);
       if (master === undefined) return;
-      if (await untilSwitched(master, old, t0 + timeoutMs)) return;
-      return unconfirmed(master, old, Date.now() - t0);
+      if (await untilSwitched(clock, master, old, t0 + timeoutMs)) return;
+      return unconfirmed(master, old, clock.now() - t0);
     },
   };
 }
@@ -223,14 +226,21 @@ export interface NginxProcessOptions {
   timeoutMs?: number;
   /** How long a stale Nginx of this prefix gets after SIGTERM before SIGKILL. Default 2 s. */
   staleGraceMs?: number;
+  /** Deadlines, polls, the restart backoff and the kill timer. Default: the system clock. */
+  clock?: Clock;
 }
 
-async function waitFor<T>(deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
+/** Resolves after `ms` on `clock`: the pause between two looks at a process or a log. */
+function pause(clock: Clock, ms: number): Promise<void> {
+  return new Promise<void>((r) => clock.setTimeout(r, ms));
+}
+
+async function waitFor<T>(clock: Clock, deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
   for (;;) {
     const v = await check();
     if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
+    if (clock.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await pause(clock, 20);
   }
 }
 
@@ -326,7 +336,7 @@ async function holdsFile(pid: number, path: string): Promise<boolean> {
 }
 
 /** SIGTERM every process, then SIGKILL what is left after graceMs; resolves once all are gone. */
-async function terminate(procs: ProcEntry[], graceMs: number): Promise<{ killed: number[]; left: number[] }> {
+async function terminate(clock: Clock, procs: ProcEntry[], graceMs: number): Promise<{ killed: number[]; left: number[] }> {
   const signal = async (p: ProcEntry, sig: NodeJS.Signals): Promise<void> => {
     if (!(await stillRunning(p))) return;
     try {
@@ -341,11 +351,11 @@ async function terminate(procs: ProcEntry[], graceMs: number): Promise<{ killed:
     return out;
   };
   const waitGone = async (ms: number): Promise<ProcEntry[]> => {
-    const deadline = Date.now() + ms;
+    const deadline = clock.now() + ms;
     for (;;) {
       const left = await alive();
-      if (left.length === 0 || Date.now() > deadline) return left;
-      await new Promise((r) => setTimeout(r, 20));
+      if (left.length === 0 || clock.now() > deadline) return left;
+      await pause(clock, 20);
     }
   };
   for (const p of procs) await signal(p, 'SIGTERM');
@@ -389,11 +399,11 @@ async function generationSwitched(master: number, old: readonly number[]): Promi
   return accepting.length > 0 && accepting.every((w) => !old.includes(w));
 }
 
-async function untilSwitched(master: number, old: readonly number[], deadline: number): Promise<boolean> {
+async function untilSwitched(clock: Clock, master: number, old: readonly number[], deadline: number): Promise<boolean> {
   for (;;) {
     if (await generationSwitched(master, old)) return true;
-    if (Date.now() > deadline) return false;
-    await new Promise((r) => setTimeout(r, 10));
+    if (clock.now() > deadline) return false;
+    await pause(clock, 10);
   }
 }
 
@@ -439,7 +449,7 @@ export class NginxProcess {
   private readyPid: number | undefined;
   private stopping = false;
   private attempt = 0;
-  private restartTimer: NodeJS.Timeout | null = null;
+  private restartTimer: TimerHandle | null = null;
   private waiters: { resolve: () => void; reject: (e: Error) => void }[] = [];
   private counts = { restarts: 0, staleStopped: 0 };
   private lastExit: NginxProcessInfo['lastExit'] = null;
@@ -453,6 +463,7 @@ export class NginxProcess {
       restartMaxMs: 30_000,
       timeoutMs: 15_000,
       staleGraceMs: 2_000,
+      clock: systemClock,
       ...opts,
     };
   }
@@ -496,7 +507,7 @@ export class NginxProcess {
       { pids, pidFileMaster: pids.includes(pidFile) ? pidFile : undefined, prefix: this.o.paths.prefix },
       'stopping Nginx processes of this prefix left by a previous gateway or master',
     );
-    const { killed, left } = await terminate(stale, this.o.staleGraceMs);
+    const { killed, left } = await terminate(this.o.clock, stale, this.o.staleGraceMs);
     this.counts.staleStopped += stale.length - left.length;
     this.o.onEvent?.({ type: 'stale-stopped', pids, killed });
     if (left.length > 0) throw new Error(`could not stop the previous Nginx processes ${left.join(', ')} of ${this.o.paths.prefix}`);
@@ -529,7 +540,8 @@ export class NginxProcess {
     if (pid === undefined) throw new Error('nginx did not start');
     try {
       await waitFor(
-        Date.now() + this.o.timeoutMs,
+        this.o.clock,
+        this.o.clock.now() + this.o.timeoutMs,
         async () => {
           if (exited) throw new Error(`nginx exited at start: ${(await child).stderr?.toString().trim()}`);
           const txt = await readFile(paths.pidPath, 'utf8').catch(() => '');
@@ -553,7 +565,7 @@ export class NginxProcess {
 
   private onExit(code: number | null, signal: string | null, stderr: string): void {
     const expected = this.stopping;
-    if (!expected) this.lastExit = { code, signal, at: Date.now() };
+    if (!expected) this.lastExit = { code, signal, at: this.o.clock.now() };
     this.o.onEvent?.({ type: 'exited', code, signal, expected });
     if (expected) return;
     this.o.logger?.error({ code, signal, stderr: stderr.slice(-2000) }, 'nginx exited unexpectedly');
@@ -564,7 +576,7 @@ export class NginxProcess {
     this.attempt += 1;
     const delayMs = Math.min(this.o.restartMaxMs, this.o.restartInitialMs * 2 ** (this.attempt - 1));
     this.o.onEvent?.({ type: 'restarting', attempt: this.attempt, delayMs });
-    this.restartTimer = setTimeout(() => {
+    this.restartTimer = this.o.clock.setTimeout(() => {
       this.restartTimer = null;
       if (this.stopping) return;
       this.spawn(true).then(
@@ -593,12 +605,12 @@ export class NginxProcess {
     await new Promise<void>((resolvePromise, reject) => {
       const waiter = { resolve: resolvePromise, reject };
       this.waiters.push(waiter);
-      setTimeout(() => {
+      this.o.clock.setTimeout(() => {
         const i = this.waiters.indexOf(waiter);
         if (i < 0) return;
         this.waiters.splice(i, 1);
         reject(new Error(`nginx is not running${this.restartError ? ` (restart failed: ${this.restartError})` : ' (restarting)'}`));
-      }, this.o.timeoutMs).unref();
+      }, this.o.timeoutMs);
     });
     if (this.readyPid === undefined) throw new Error('nginx is not running');
     return this.readyPid;
@@ -611,7 +623,8 @@ export class NginxProcess {
    */
   async reload(): Promise<ReloadOutcome> {
     const log = this.o.paths.errorLogPath;
-    const t0 = Date.now();
+    const clock = this.o.clock;
+    const t0 = clock.now();
     const deadline = t0 + this.o.timeoutMs;
     let pid: number;
     let offset: number;
@@ -627,11 +640,12 @@ export class NginxProcess {
         if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
         // The master died and its exit has not been noticed yet: wait for that, then for the restart.
         const dead = pid;
-        await waitFor(deadline, async () => (this.readyPid !== dead ? true : undefined), 'the exit of nginx to be noticed');
+        await waitFor(clock, deadline, async () => (this.readyPid !== dead ? true : undefined), 'the exit of nginx to be noticed');
       }
     }
     // 1. The master took the new config and started its workers, or refused it.
     await waitFor(
+      clock,
       deadline,
       async () => {
         const out = await readFrom(log, offset);
@@ -649,22 +663,22 @@ export class NginxProcess {
     );
     // 2. No worker of the previous config accepts any more. Past the deadline the new config
     //    is in (no rollback), but not yet what every new connection gets: say so.
-    const switched = await untilSwitched(pid, oldWorkers, deadline);
+    const switched = await untilSwitched(clock, pid, oldWorkers, deadline);
     this.o.onEvent?.({ type: 'reloaded' });
-    return switched ? undefined : unconfirmed(pid, oldWorkers, Date.now() - t0);
+    return switched ? undefined : unconfirmed(pid, oldWorkers, clock.now() - t0);
   }
 
   /** Stop the master (SIGQUIT: graceful; SIGTERM: fast) and wait for it to exit. */
   async stop(opts: { graceful?: boolean } = {}): Promise<void> {
     this.stopping = true;
-    if (this.restartTimer) clearTimeout(this.restartTimer);
+    if (this.restartTimer !== null) this.o.clock.clearTimeout(this.restartTimer);
     this.restartTimer = null;
     for (const w of this.waiters.splice(0)) w.reject(new Error('nginx is stopping'));
     const child = this.child;
     if (!child) return;
     child.kill(opts.graceful ? 'SIGQUIT' : 'SIGTERM');
-    const timer = setTimeout(() => child.kill('SIGKILL'), this.o.timeoutMs);
+    const timer = this.o.clock.setTimeout(() => child.kill('SIGKILL'), this.o.timeoutMs);
     await child;
-    clearTimeout(timer);
+    this.o.clock.clearTimeout(timer);
   }
 }

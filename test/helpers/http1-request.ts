@@ -1,11 +1,16 @@
-// The promise form of Http1Pool.dispatch: resolves at the response head with the body as a
-// Readable that reads from the replica only as fast as it is consumed. For callers that want a
-// stream, not a handler (the model API).
+// The promise form of Http1Pool.dispatch, for tests: resolves at the response head with the
+// body as a Readable that reads from the replica only as fast as it is consumed.
 
 import { Readable } from 'node:stream';
-import type { Http1Pool } from './pool.js';
-import { withErrorPath } from './streams.js';
-import { Http1Error, type Http1Exchange, type Http1Handler, type Http1Request } from './types.js';
+import {
+  headerObject,
+  Http1Error,
+  withErrorPath,
+  type Http1Exchange,
+  type Http1Handler,
+  type Http1Pool,
+  type Http1Request,
+} from '../../src/http1/index.js';
 
 export interface Http1Response {
   status: number;
@@ -85,18 +90,4 @@ class StreamHandler implements Http1Handler {
     if (this.#body === null) this.reject(err);
     else if (!this.#body.destroyed) this.#body.destroy(err);
   }
-}
-
-/** Lower-case names; repeated headers joined with ', ' (set-cookie kept as a list). */
-export function headerObject(raw: readonly string[]): Record<string, string | string[]> {
-  const out: Record<string, string | string[]> = Object.create(null) as Record<string, string | string[]>;
-  for (let i = 0; i < raw.length; i += 2) {
-    const name = raw[i]!.toLowerCase();
-    const value = raw[i + 1]!;
-    const prev = out[name];
-    if (prev === undefined) out[name] = name === 'set-cookie' ? [value] : value;
-    else if (Array.isArray(prev)) prev.push(value);
-    else out[name] = `${prev}, ${value}`;
-  }
-  return out;
 }
