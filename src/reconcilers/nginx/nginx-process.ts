@@ -157,11 +157,9 @@ export function systemNginx(
     nginxConf?: string;
     /** How long reload() waits for the previous workers to stop accepting. Default 15 s. */
     timeoutMs?: number;
-    clock?: Clock;
   } = {},
 ) {
   const exec = opts.exec ?? defaultExec;
-  const clock = opts.clock ?? systemClock;
   const timeoutMs = opts.timeoutMs ?? 15_000;
   const reloadArgv = splitCommand(opts.reloadCommand ?? 'nginx -s reload');
   const testArgv = splitCommand(opts.testCommand ?? 'nginx -t');
@@ -182,12 +180,12 @@ export function systemNginx(
       const master = pidFile ? await masterFromPidFile(pidFile) : undefined;
       const old = master ? await acceptingWorkers(master) : [];
       const [bin, ...args] = reloadArgv as [string, ...string[]];
-      const t0 = clock.now();
+      const t0 = Date.now();
       const r = await exec(bin, args);
       if (r.exitCode !== 0) throw new Error(`${reloadArgv.join(' ')} exited ${r.exitCode}: ${r.stderr.trim()}`);
       if (master === undefined) return;
-      if (await untilSwitched(clock, master, old, t0 + timeoutMs)) return;
-      return unconfirmed(master, old, clock.now() - t0);
+      if (await untilSwitched(master, old, t0 + timeoutMs)) return;
+      return unconfirmed(master, old, Date.now() - t0);
     },
   };
 }
@@ -226,21 +224,26 @@ export interface NginxProcessOptions {
   timeoutMs?: number;
   /** How long a stale Nginx of this prefix gets after SIGTERM before SIGKILL. Default 2 s. */
   staleGraceMs?: number;
-  /** Deadlines, polls, the restart backoff and the kill timer. Default: the system clock. */
+  /**
+   * The restart backoff, the wait for a restart, the kill timer of stop() and the time of an
+   * exit. Default: the system clock. The polls that watch Nginx itself (its pid file, its log,
+   * its workers) run on real time: they wait for a real process, which moves on its own, and
+   * their timers keep the process alive while nothing else does (a start before the API listens).
+   */
   clock?: Clock;
 }
 
-/** Resolves after `ms` on `clock`: the pause between two looks at a process or a log. */
-function pause(clock: Clock, ms: number): Promise<void> {
-  return new Promise<void>((r) => clock.setTimeout(r, ms));
+/** The pause between two looks at a process or a log: real time, and it keeps the process alive. */
+function pause(ms: number): Promise<void> {
+  return new Promise<void>((r) => setTimeout(r, ms));
 }
 
-async function waitFor<T>(clock: Clock, deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
+async function waitFor<T>(deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
   for (;;) {
     const v = await check();
     if (v !== undefined) return v;
-    if (clock.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await pause(clock, 20);
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await pause(20);
   }
 }
 
@@ -336,7 +339,7 @@ async function holdsFile(pid: number, path: string): Promise<boolean> {
 }
 
 /** SIGTERM every process, then SIGKILL what is left after graceMs; resolves once all are gone. */
-async function terminate(clock: Clock, procs: ProcEntry[], graceMs: number): Promise<{ killed: number[]; left: number[] }> {
+async function terminate(procs: ProcEntry[], graceMs: number): Promise<{ killed: number[]; left: number[] }> {
   const signal = async (p: ProcEntry, sig: NodeJS.Signals): Promise<void> => {
     if (!(await stillRunning(p))) return;
     try {
@@ -351,11 +354,11 @@ async function terminate(clock: Clock, procs: ProcEntry[], graceMs: number): Pro
     return out;
   };
   const waitGone = async (ms: number): Promise<ProcEntry[]> => {
-    const deadline = clock.now() + ms;
+    const deadline = Date.now() + ms;
     for (;;) {
       const left = await alive();
-      if (left.length === 0 || clock.now() > deadline) return left;
-      await pause(clock, 20);
+      if (left.length === 0 || Date.now() > deadline) return left;
+      await pause(20);
     }
   };
   for (const p of procs) await signal(p, 'SIGTERM');
@@ -399,11 +402,11 @@ async function generationSwitched(master: number, old: readonly number[]): Promi
   return accepting.length > 0 && accepting.every((w) => !old.includes(w));
 }
 
-async function untilSwitched(clock: Clock, master: number, old: readonly number[], deadline: number): Promise<boolean> {
+async function untilSwitched(master: number, old: readonly number[], deadline: number): Promise<boolean> {
   for (;;) {
     if (await generationSwitched(master, old)) return true;
-    if (clock.now() > deadline) return false;
-    await pause(clock, 10);
+    if (Date.now() > deadline) return false;
+    await pause(10);
   }
 }
 
@@ -507,7 +510,7 @@ export class NginxProcess {
       { pids, pidFileMaster: pids.includes(pidFile) ? pidFile : undefined, prefix: this.o.paths.prefix },
       'stopping Nginx processes of this prefix left by a previous gateway or master',
     );
-    const { killed, left } = await terminate(this.o.clock, stale, this.o.staleGraceMs);
+    const { killed, left } = await terminate(stale, this.o.staleGraceMs);
     this.counts.staleStopped += stale.length - left.length;
     this.o.onEvent?.({ type: 'stale-stopped', pids, killed });
     if (left.length > 0) throw new Error(`could not stop the previous Nginx processes ${left.join(', ')} of ${this.o.paths.prefix}`);
@@ -540,8 +543,7 @@ export class NginxProcess {
     if (pid === undefined) throw new Error('nginx did not start');
     try {
       await waitFor(
-        this.o.clock,
-        this.o.clock.now() + this.o.timeoutMs,
+        Date.now() + this.o.timeoutMs,
         async () => {
           if (exited) throw new Error(`nginx exited at start: ${(await child).stderr?.toString().trim()}`);
           const txt = await readFile(paths.pidPath, 'utf8').catch(() => '');
@@ -623,8 +625,7 @@ export class NginxProcess {
    */
   async reload(): Promise<ReloadOutcome> {
     const log = this.o.paths.errorLogPath;
-    const clock = this.o.clock;
-    const t0 = clock.now();
+    const t0 = Date.now();
     const deadline = t0 + this.o.timeoutMs;
     let pid: number;
     let offset: number;
@@ -640,12 +641,11 @@ export class NginxProcess {
         if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
         // The master died and its exit has not been noticed yet: wait for that, then for the restart.
         const dead = pid;
-        await waitFor(clock, deadline, async () => (this.readyPid !== dead ? true : undefined), 'the exit of nginx to be noticed');
+        await waitFor(deadline, async () => (this.readyPid !== dead ? true : undefined), 'the exit of nginx to be noticed');
       }
     }
     // 1. The master took the new config and started its workers, or refused it.
     await waitFor(
-      clock,
       deadline,
       async () => {
         const out = await readFrom(log, offset);
@@ -663,9 +663,9 @@ export class NginxProcess {
     );
     // 2. No worker of the previous config accepts any more. Past the deadline the new config
     //    is in (no rollback), but not yet what every new connection gets: say so.
-    const switched = await untilSwitched(clock, pid, oldWorkers, deadline);
+    const switched = await untilSwitched(pid, oldWorkers, deadline);
     this.o.onEvent?.({ type: 'reloaded' });
-    return switched ? undefined : unconfirmed(pid, oldWorkers, clock.now() - t0);
+    return switched ? undefined : unconfirmed(pid, oldWorkers, Date.now() - t0);
   }
 
   /** Stop the master (SIGQUIT: graceful; SIGTERM: fast) and wait for it to exit. */
