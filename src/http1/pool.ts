@@ -83,11 +83,6 @@ export class Http1Pool implements ConnectionOwner {
     return this.#all.size;
   }
 
-  /** Requests waiting for a connection. */
-  get queued(): number {
-    return this.#queue.length;
-  }
-
   /** Send a request; the handler hears the response. Never throws: failures go to onResponseError. */
   dispatch(req: Http1Request, handler: Http1Handler): Http1Exchange {
     const ex = new Exchange(req, handler);
