@@ -12,7 +12,7 @@ export interface PlannedAction {
   key: string;
   kind: string;
   summary: string;
-  /** Unified diff (Nginx files); dry runs only. */
+  /** Unified diff (Nginx files). */
   diff?: string;
 }
 
@@ -25,22 +25,15 @@ export interface LoopPlan {
 export interface Plan {
   /** Object-level changes of the document; secrets only as '<redacted>'. */
   document: SpecDiff;
+  /** Per loop, its actions: a dry run's. Empty in the answer of a PUT that applies. */
   loops: Record<string, LoopPlan>;
-}
-
-export interface PlanOptions {
-  /**
-   * Unified diffs of the Nginx files. Default true. The answer of a PUT that applies leaves
-   * them out: a cold document of 1,000 sites would otherwise carry 1,000 whole files back.
-   */
-  diffs?: boolean;
 }
 
 export interface Runtime {
   /** Watched: a write through it reaches the loops by the same watch as an edit from outside. */
   store: WatchedStateStore;
-  /** What every loop would do to reach `next`. Pure of side effects. */
-  plan(next: ProxyState, current: ProxyState, opts?: PlanOptions): Promise<Plan>;
+  /** A dry run: what every loop would do to reach `next`. Pure of side effects. */
+  plan(next: ProxyState, current: ProxyState): Promise<Plan>;
   status(): StatusSnapshot;
   /** True once the first reconcile pass finished. */
   isReady(): boolean;

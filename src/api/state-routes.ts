@@ -6,6 +6,7 @@ import { ProxyError } from '../errors.js';
 import {
   MAX_DOCUMENT_BYTES,
   SpecError,
+  diffSpecs,
   hashSpec,
   parseDocument,
   redact,
@@ -43,14 +44,15 @@ export async function stateRoutes(app: FastifyInstance, { runtime, guard }: Stat
         generation: current.generation,
       });
     }
-    // An identical document is a no-op: no plan to compute (rendering 10,000 sites for
-    // nothing), no write, no trigger. The loops' own resync still repairs drift.
-    // A dry run still plans it: its actions then show drift the next resync will repair.
+    // An identical document is a no-op: no write, no trigger. The loops' own resync still
+    // repairs drift. A dry run still plans it: its actions then show that drift.
     const same = hashSpec(next) === current.hash;
     if (same && !dryRun) return { generation: current.generation, hash: current.hash, changed: false, plan: emptyPlan() };
-    // Diffs are what a dry run is for; the answer of an applying PUT lists the actions only.
-    const plan = await runtime.plan(next, current.state, { diffs: dryRun });
-    if (dryRun) return { generation: current.generation, hash: current.hash, changed: !same, dryRun: true, plan };
+    // What each loop would do (its observe and plan, Nginx diffs included) is what a dry run
+    // is for. An applying PUT answers with the document's changes alone: the pass that follows
+    // observes and plans once, and status shows what it did.
+    if (dryRun) return { generation: current.generation, hash: current.hash, changed: !same, dryRun: true, plan: await runtime.plan(next, current.state) };
+    const plan: Plan = { document: diffSpecs(current.state, next), loops: {} };
     const result = await runtime.store.write(next, ifMatch === undefined ? {} : { ifMatch });
     // The store's watch has already handed the new generation to the loops.
     if (result.changed) {

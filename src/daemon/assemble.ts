@@ -142,7 +142,7 @@ export async function assemble(profile: Profile): Promise<Daemon> {
     let ready = false;
     const runtime: Runtime = {
       store,
-      plan: (next, base, opts) => planFromController(ctl, next, base, profile.planNotes?.bind(profile), opts),
+      plan: (next, base) => planFromController(ctl, next, base, profile.planNotes?.bind(profile)),
       status: () => ctl.statuses(),
       isReady: () => ready,
     };

@@ -16,6 +16,7 @@
 // longest (retrying other replicas is connect()'s job).
 
 import type { Duplex } from 'node:stream';
+import { systemClock, type Clock, type TimerHandle } from '../clock.js';
 import { Exchange, Http1Connection, type ConnectionOwner } from './connection.js';
 import { DEFAULT_MAX_HEADER_SIZE } from './parser.js';
 import { Http1Error, type Http1Exchange, type Http1Handler, type Http1Request } from './types.js';
@@ -35,6 +36,8 @@ export interface Http1PoolOptions {
   maxHeaderSize?: number;
   /** Host header for requests that carry none. Default `localhost`. */
   host?: string;
+  /** The ticker's timer. Default: the system clock. */
+  clock?: Clock;
 }
 
 export const DEFAULT_MAX_CONNECTIONS = 256;
@@ -51,12 +54,13 @@ export class Http1Pool implements ConnectionOwner {
   readonly #bodyMs: number;
   readonly #maxHeaderSize: number;
   readonly #tickMs: number;
+  readonly #clock: Clock;
   readonly #all = new Set<Http1Connection>();
   /** Idle connections, most recently used last. */
   readonly #idle: Http1Connection[] = [];
   #queue: Exchange[] = [];
   #opening = 0;
-  #timer: NodeJS.Timeout | null = null;
+  #timer: TimerHandle | null = null;
   #closing = false;
   #destroyed = false;
   #onDrained: (() => void) | null = null;
@@ -70,17 +74,13 @@ export class Http1Pool implements ConnectionOwner {
     this.#bodyMs = positive('bodyTimeoutMs', o.bodyTimeoutMs ?? DEFAULT_HTTP1_TIMEOUT_MS);
     this.#maxHeaderSize = positive('maxHeaderSize', o.maxHeaderSize ?? DEFAULT_MAX_HEADER_SIZE);
     this.host = o.host ?? 'localhost';
+    this.#clock = o.clock ?? systemClock;
     this.#tickMs = Math.min(1_000, Math.max(10, Math.floor(Math.min(this.#keepAliveMs, this.#headersMs, this.#bodyMs) / 4)));
   }
 
   /** Open connections (busy or idle). */
   get connections(): number {
     return this.#all.size;
-  }
-
-  /** Requests waiting for a connection. */
-  get queued(): number {
-    return this.#queue.length;
   }
 
   /** Send a request; the handler hears the response. Never throws: failures go to onResponseError. */
@@ -206,14 +206,21 @@ export class Http1Pool implements ConnectionOwner {
   }
 
   #startTicker(): void {
-    if (this.#timer !== null) return;
-    this.#timer = setInterval(() => this.#onTick(), this.#tickMs);
-    this.#timer.unref();
+    if (this.#timer === null) this.#armTicker();
+  }
+
+  /** The next tick; a tick that stopped the ticker (its last connection gone) arms no other. */
+  #armTicker(): void {
+    const handle = this.#clock.setTimeout(() => {
+      this.#onTick();
+      if (this.#timer === handle) this.#armTicker();
+    }, this.#tickMs);
+    this.#timer = handle;
   }
 
   #stopTicker(): void {
     if (this.#timer === null) return;
-    clearInterval(this.#timer);
+    this.#clock.clearTimeout(this.#timer);
     this.#timer = null;
   }
 

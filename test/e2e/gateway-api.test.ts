@@ -117,9 +117,9 @@ describe('PUT /api/v1/state: input handling', () => {
     const ok = await putState(t, doc, { ifMatch: `"${g}"` });
     expect(ok.status).toBe(200);
     expect(ok.json.generation).toBe(g + 1);
-    // The answer of an applying PUT lists the actions; the diffs are the dry run's.
-    const created = ok.json.plan.loops.nginx!.actions.find((a) => a.key === 'sites/matched.gw.test.conf');
-    expect(created).toEqual({ key: 'sites/matched.gw.test.conf', kind: 'create', summary: 'create sites/matched.gw.test.conf' });
+    // The answer of an applying PUT is the document's changes; the loops' actions are the dry run's.
+    expect(ok.json.plan.document.changes).toContainEqual({ kind: 'service', key: 'main/matched', op: 'added' });
+    expect(ok.json.plan.loops).toEqual({});
     expect(await readFile(siteFile(t, 'matched.gw.test'), 'utf8')).toContain('server_name matched.gw.test;');
   });
 

@@ -7,7 +7,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { connect as netConnect, type Server as NetServer, type Socket } from 'node:net';
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Http1Pool, request, type Http1Handler, type Http1PoolOptions, type Http1Request } from '../../src/http1/index.js';
+import { Http1Pool, type Http1Handler, type Http1PoolOptions, type Http1Request } from '../../src/http1/index.js';
+import { request } from '../helpers/http1-request.js';
 import { startScriptedReplica } from '../helpers/scripted-replica.js';
 
 const MiB = 1024 * 1024;

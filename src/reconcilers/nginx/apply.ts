@@ -1,8 +1,9 @@
-// File-level apply of rendered Nginx files (independent of the controller):
-//   plan   — compare rendered files with the owned files (MARKER) in the conf dir;
-//   apply  — write the change into a candidate copy, `nginx -t` it, hold back the files that
-//            fail (found from nginx's "in <file>:<line>", else by bisection), swap the rest in
-//            atomically, reload once; a refused reload restores the previous files.
+// The file side of the Nginx loop, as plain functions (the loop runs them as its stages):
+//   readOwned  — the owned files (MARKER) of the conf dir, and the names of foreign ones;
+//   diffFiles  — compare rendered files with them: one change per file that differs (pure);
+//   applyFiles — write the changes into a candidate copy, `nginx -t` it, hold back the files
+//                that fail (found from nginx's "in <file>:<line>", else by bisection), swap the
+//                rest in atomically, reload once; a refused reload restores the previous files.
 
 import { randomBytes } from 'node:crypto';
 import { copyFile, link, mkdir, readFile, readdir, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
@@ -15,16 +16,22 @@ import type { ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-proce
 
 export { unifiedDiff } from './diff.js';
 
-export interface FilePlan {
-  create: { name: string; text: string }[];
-  update: { name: string; text: string; previous: string }[];
-  delete: { name: string; previous: string }[];
-  unchanged: string[];
-  /** Rendered names that exist as foreign files (no MARKER): skipped, never overwritten. */
-  conflicts: string[];
+/** One file that differs between the render and the conf dir (names are relative to the conf dir). */
+export type FileChange =
+  | { kind: 'create'; name: string; text: string; previous: null }
+  | { kind: 'update'; name: string; text: string; previous: string }
+  | { kind: 'delete'; name: string; text: null; previous: string }
+  /** The rendered name exists as a foreign file (no MARKER): skipped, never overwritten. */
+  | { kind: 'conflict'; name: string; text: string; previous: null };
+
+/** What the conf dir holds, as readOwned found it. */
+export interface OwnedFiles {
+  owned: Map<string, string>;
+  /** *.conf files without our marker: never read further, overwritten or deleted. */
+  foreign: Set<string>;
 }
 
-export interface ApplyResult {
+export interface ApplyFilesResult {
   applied: string[];
   heldBack: { file: string; message: string }[];
   reloaded: boolean;
@@ -51,14 +58,27 @@ async function listConf(dir: string): Promise<string[]> {
   return names.sort();
 }
 
-/** Read the owned files of a conf dir; foreign files are only listed, their content is ignored. */
-export async function readOwned(dir: string): Promise<{ owned: Map<string, string>; foreign: Set<string> }> {
+/**
+ * File text by path with the stat key it was read at (inode, size, nanosecond mtime): any edit,
+ * ours or by hand, changes at least one, so a file whose key is unchanged need not be read
+ * again. One per reader of a conf dir (the loop keeps its own); readOwned without one reads
+ * every file.
+ */
+export type TextCache = Map<string, { key: string; text: string }>;
+
+/**
+ * Read the owned files of a conf dir; foreign files are only listed, their content is ignored.
+ * With a cache, a resync of 10,000 unchanged sites costs 10,000 stats and no reads.
+ */
+export async function readOwned(dir: string, cache?: TextCache): Promise<OwnedFiles> {
   const owned = new Map<string, string>();
   const foreign = new Set<string>();
   const names = await listConf(dir);
-  const texts = await mapLimit(names, READ_CONCURRENCY, (name) => readCached(join(dir, name)));
-  const listed = new Set(names.map((name) => join(dir, name)));
-  for (const path of textCache.keys()) if (path.startsWith(`${dir}/`) && !listed.has(path)) textCache.delete(path);
+  const texts = await mapLimit(names, READ_CONCURRENCY, (name) => (cache ? readCached(cache, join(dir, name)) : readFile(join(dir, name), 'utf8')));
+  if (cache) {
+    const listed = new Set(names.map((name) => join(dir, name)));
+    for (const path of cache.keys()) if (path.startsWith(`${dir}/`) && !listed.has(path)) cache.delete(path);
+  }
   names.forEach((name, i) => {
     const text = texts[i]!;
     if (isOwned(text)) owned.set(name, text);
@@ -70,19 +90,13 @@ export async function readOwned(dir: string): Promise<{ owned: Map<string, strin
 /** Reads in flight at once: libuv's pool has 4 threads; more only queues. */
 const READ_CONCURRENCY = 16;
 
-/**
- * File text by path, re-read only when its inode, size or nanosecond mtime changed — any
- * edit (ours or by hand) changes at least one — so a resync of 10,000 sites costs stats.
- */
-const textCache = new Map<string, { key: string; text: string }>();
-
-async function readCached(path: string): Promise<string> {
+async function readCached(cache: TextCache, path: string): Promise<string> {
   const st = await stat(path, { bigint: true });
   const key = `${st.ino}:${st.size}:${st.mtimeNs}`;
-  const hit = textCache.get(path);
+  const hit = cache.get(path);
   if (hit?.key === key) return hit.text;
   const text = await readFile(path, 'utf8');
-  textCache.set(path, { key, text });
+  cache.set(path, { key, text });
   return text;
 }
 
@@ -106,25 +120,25 @@ async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (t: T) => 
   return out;
 }
 
-/** Compare rendered files (name relative to the conf dir → text) with what the dir holds. */
-export async function planFiles(rendered: Map<string, string>, confDir: string): Promise<FilePlan> {
-  const { owned, foreign } = await readOwned(confDir);
-  const plan: FilePlan = { create: [], update: [], delete: [], unchanged: [], conflicts: [] };
-  for (const [name, text] of [...rendered].sort(([a], [b]) => (a < b ? -1 : 1))) {
+/**
+ * The changes that make the conf dir hold `rendered` (name relative to the conf dir → text):
+ * creates, updates and conflicts in the order of `rendered`, then the deletes. Files equal to
+ * their render are not listed.
+ */
+export function diffFiles(rendered: ReadonlyMap<string, string>, { owned, foreign }: OwnedFiles): FileChange[] {
+  const changes: FileChange[] = [];
+  for (const [name, text] of rendered) {
     if (name.includes('..') || name.startsWith('/')) throw new ProxyError('DP_ERR_INTERNAL', `bad file name ${name}`);
-    const prev = owned.get(name);
-    if (prev === undefined) {
-      if (foreign.has(name)) plan.conflicts.push(name);
-      else plan.create.push({ name, text });
-    } else if (prev === text) plan.unchanged.push(name);
-    else plan.update.push({ name, text, previous: prev });
+    if (foreign.has(name)) {
+      changes.push({ kind: 'conflict', name, text, previous: null });
+      continue;
+    }
+    const previous = owned.get(name);
+    if (previous === undefined) changes.push({ kind: 'create', name, text, previous: null });
+    else if (previous !== text) changes.push({ kind: 'update', name, text, previous });
   }
-  for (const [name, previous] of owned) if (!rendered.has(name)) plan.delete.push({ name, previous });
-  return plan;
-}
-
-export function isEmptyPlan(p: FilePlan): boolean {
-  return p.create.length + p.update.length + p.delete.length === 0;
+  for (const [name, previous] of owned) if (!rendered.has(name)) changes.push({ kind: 'delete', name, text: null, previous });
+  return changes;
 }
 
 /**
@@ -172,8 +186,9 @@ async function removeFile(path: string): Promise<void> {
   });
 }
 
-export interface ApplyOptions {
-  plan: FilePlan;
+export interface ApplyFilesOptions {
+  /** diffFiles' answer, or any part of it. */
+  changes: readonly FileChange[];
   /** The managed conf dir (global file + sites/), included by the main conf. */
   sitesDir: string;
   /** The main conf; it must include sitesDir by its literal path (the candidate copy swaps it). */
@@ -186,37 +201,42 @@ export interface ApplyOptions {
 
 export const CONFLICT_MESSAGE = 'a file without the dstack-proxy marker has this name: left alone';
 
+/** A file to write: its new text, and what it held before (null: absent). */
 type Change = { name: string; text: string; previous: string | null };
+type Deletion = { name: string; previous: string };
 
 /**
- * Apply a plan: test the candidate tree, hold back files that fail, swap the rest in, reload
- * once. An empty plan touches nothing.
+ * Apply changes: test the candidate tree, hold back files that fail, swap the rest in, reload
+ * once. Conflicts are held back untouched; no writes and no deletes touch nothing.
  */
-export async function applyFiles(opts: ApplyOptions): Promise<ApplyResult> {
-  const { plan, sitesDir, logger } = opts;
-  const conflicts = plan.conflicts.map((file) => ({ file, message: CONFLICT_MESSAGE }));
-  if (isEmptyPlan(plan)) return { applied: [], heldBack: conflicts, reloaded: false };
-  const changes: Change[] = [
-    ...plan.create.map((c) => ({ ...c, previous: null })),
-    ...plan.update.map((u) => ({ name: u.name, text: u.text, previous: u.previous })),
-  ];
+export async function applyFiles(opts: ApplyFilesOptions): Promise<ApplyFilesResult> {
+  const { sitesDir, logger } = opts;
+  const conflicts: { file: string; message: string }[] = [];
+  const changes: Change[] = [];
+  const deletes: Deletion[] = [];
+  for (const c of opts.changes) {
+    if (c.kind === 'conflict') conflicts.push({ file: c.name, message: CONFLICT_MESSAGE });
+    else if (c.kind === 'delete') deletes.push({ name: c.name, previous: c.previous });
+    else changes.push({ name: c.name, text: c.text, previous: c.previous });
+  }
+  if (changes.length + deletes.length === 0) return { applied: [], heldBack: conflicts, reloaded: false };
 
-  return withCandidate(opts, changes, async (cand) => {
+  return withCandidate(opts, changes, deletes, async (cand) => {
     // 1. Test: find the changes the candidate tree accepts.
     const selected = await selectGood(changes, cand.tryWith);
     const accepted = selected.accepted;
     const heldBack = [...conflicts, ...selected.heldBack];
     if (accepted === null) {
-      const all = [...changes.map((c) => c.name), ...plan.delete.map((d) => d.name)];
+      const all = [...changes.map((c) => c.name), ...deletes.map((d) => d.name)];
       const message = `the config fails nginx -t without any change: ${selected.heldBack[0]?.message ?? ''}`;
       return { applied: [], heldBack: [...conflicts, ...all.map((file) => ({ file, message }))], reloaded: false };
     }
-    if (accepted.length === 0 && plan.delete.length === 0) return { applied: [], heldBack, reloaded: false };
+    if (accepted.length === 0 && deletes.length === 0) return { applied: [], heldBack, reloaded: false };
 
     // 2. Swap the accepted files into the real dir, remove deleted owned files.
     await cand.swapIn(accepted);
-    await forEachLimit(plan.delete, WRITE_CONCURRENCY, (d) => removeFile(join(sitesDir, d.name)));
-    const applied = [...accepted.map((c) => c.name), ...plan.delete.map((d) => d.name)];
+    await forEachLimit(deletes, WRITE_CONCURRENCY, (d) => removeFile(join(sitesDir, d.name)));
+    const applied = [...accepted.map((c) => c.name), ...deletes.map((d) => d.name)];
 
     // 3. Reload once (the candidate is removed after); a refused reload restores the previous
     //    files and reloads again.
@@ -229,7 +249,7 @@ export async function applyFiles(opts: ApplyOptions): Promise<ApplyResult> {
       await forEachLimit(accepted, WRITE_CONCURRENCY, (c) =>
         c.previous === null ? removeFile(join(sitesDir, c.name)) : writeAtomic(join(sitesDir, c.name), c.previous),
       );
-      await forEachLimit(plan.delete, WRITE_CONCURRENCY, (d) => writeAtomic(join(sitesDir, d.name), d.previous));
+      await forEachLimit(deletes, WRITE_CONCURRENCY, (d) => writeAtomic(join(sitesDir, d.name), d.previous));
       try {
         await opts.reload();
       } catch (err2) {
@@ -293,8 +313,8 @@ interface Candidate {
  * conf including it; `fn` tries subsets of the changes on it and swaps the good ones in. Both
  * are removed afterwards.
  */
-async function withCandidate<T>(opts: ApplyOptions, changes: Change[], fn: (cand: Candidate) => Promise<T>): Promise<T> {
-  const { plan, sitesDir, mainConfPath } = opts;
+async function withCandidate<T>(opts: ApplyFilesOptions, changes: Change[], deletes: Deletion[], fn: (cand: Candidate) => Promise<T>): Promise<T> {
+  const { sitesDir, mainConfPath } = opts;
   const mainText = await readFile(mainConfPath, 'utf8');
   if (!mainText.includes(sitesDir)) {
     throw new ProxyError('DP_ERR_BAD_OPTION', `${mainConfPath} does not include the managed dir ${sitesDir}`);
@@ -304,7 +324,7 @@ async function withCandidate<T>(opts: ApplyOptions, changes: Change[], fn: (cand
   const candConf = join(dirname(mainConfPath), `.dstack-proxy-candidate-${id}.conf`);
   try {
     await mkdir(join(candDir, SITES_SUBDIR), { recursive: true });
-    const deleted = new Set(plan.delete.map((d) => d.name));
+    const deleted = new Set(deletes.map((d) => d.name));
     // Hard links, not copies: 1,000 sites cost 1,000 link() calls instead of reads and
     // writes. A changed file is unlinked before it is written, so no original is touched.
     const kept = (await listConf(sitesDir)).filter((name) => !deleted.has(name));

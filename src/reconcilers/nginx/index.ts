@@ -1,11 +1,13 @@
-// The Nginx side of the gateway as plain functions (the controller wraps them in a loop):
-// buildViews → renderAll → planFiles → applyFiles (nginx -t, hold back, swap, one reload).
+// The Nginx side of the gateway as plain functions, in the order the loop (loop.ts) runs them:
+//   buildViews → renderAll   (desired: the files the document asks for)
+//   → diffFiles              (plan: against what observe's readOwned found in the conf dir)
+//   → applyFiles             (applyBatch: nginx -t, hold back, swap, one reload).
 
 export { buildViews, directUpstream, DEFAULT_API_URL, DEFAULT_PROXY_READ_TIMEOUT_SEC } from './view.js';
 export type { CertPaths, GlobalView, SiteView, ServiceSiteView, EntrypointSiteView, UpstreamTarget, ViewOptions, Views } from './view.js';
 export { MARKER, fileNameFor, renderAll, renderGlobal, renderSite } from './render.js';
-export { applyFiles, CONFLICT_MESSAGE, isEmptyPlan, planFiles, readOwned, unifiedDiff, writeAtomic } from './apply.js';
-export type { ApplyOptions, ApplyResult, FilePlan } from './apply.js';
+export { applyFiles, CONFLICT_MESSAGE, diffFiles, readOwned, unifiedDiff, writeAtomic } from './apply.js';
+export type { ApplyFilesOptions, ApplyFilesResult, FileChange, OwnedFiles, TextCache } from './apply.js';
 export {
   mainConfText,
   NginxProcess,

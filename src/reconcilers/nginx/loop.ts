@@ -6,8 +6,17 @@
 import { createHash } from 'node:crypto';
 import { TerminalError } from '../../errors.js';
 import type { ProxyState, Service } from '../../spec/types.js';
-import type { Action, BatchOutcome, Loop, LoopContext, MetricFamily, StatusSnapshot } from '../types.js';
-import { applyFiles, readOwned, removeApplyLeftovers, unifiedDiff, type FilePlan } from './apply.js';
+import type { Action, BatchOutcome, Loop, LoopContext, MetricFamily, StatusSnapshot, StatusWriter } from '../types.js';
+import {
+  applyFiles,
+  diffFiles,
+  readOwned,
+  removeApplyLeftovers,
+  unifiedDiff,
+  type FileChange,
+  type OwnedFiles,
+  type TextCache,
+} from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
 import type { NginxProcessInfo, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 import { renderAll } from './render.js';
@@ -58,12 +67,8 @@ const UNCONFIRMED_RECHECK_MS = 2_000; // 2 s
 /** Status object of the private Nginx master, once it has died and been restarted. */
 export const PROCESS_KEY = '(nginx)';
 
-export interface FilePayload {
-  name: string;
-  /** null = delete. */
-  text: string | null;
-  previous: string | null;
-}
+/** An action's payload: the change to one file, as diffFiles found it. */
+export type FilePayload = FileChange;
 
 export interface NginxLoopStats {
   /** sha256 over the owned files as last observed (names and contents), for /metrics. */
@@ -76,12 +81,6 @@ export interface NginxLoopStats {
   waitingForReload: boolean;
   /** Batches that waited for it. */
   reloadsDeferred: number;
-}
-
-interface Observed {
-  owned: Map<string, string>;
-  /** *.conf files without our marker: never read further, overwritten or deleted. */
-  foreign: Set<string>;
 }
 
 /**
@@ -152,7 +151,7 @@ export function nginxMetricFamilies(stats: () => NginxLoopStats, supervisor?: ()
   ];
 }
 
-export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, Observed, FilePayload> & { stats: NginxLoopStats; metrics(): MetricFamily[] } {
+export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, OwnedFiles, FilePayload> & { stats: NginxLoopStats; metrics(): MetricFamily[] } {
   const stats: NginxLoopStats = {
     configHash: null,
     reloads: 0,
@@ -164,16 +163,8 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
   };
   const minReloadIntervalMs = o.minReloadIntervalMs ?? 0;
   if (!(minReloadIntervalMs >= 0)) throw new TypeError('minReloadIntervalMs must be >= 0');
-  /**
-   * The last render. A PUT's dry run and the pass after it render the same spec object with
-   * the same certificates: the pass reuses the files (1,000 sites: ~0.2 s) instead.
-   */
-  let last: LastRender | null = null;
-  const sameInputs = (r: LastRender, certFor: (d: string) => CertPaths | null): boolean => {
-    for (const [domain, answer] of r.certs) if (JSON.stringify(certFor(domain)) !== answer) return false;
-    for (const [svc, answer] of r.upstreams) if (JSON.stringify(o.upstreamFor!(svc)) !== answer) return false;
-    return true;
-  };
+  /** The owned files as last read: a pass re-reads only the files whose stat changed. */
+  const texts: TextCache = new Map();
   /** Sites of a reload whose previous workers still accepted at its deadline: not Applied yet. */
   let unconfirmed: { check: ReloadUnconfirmed; keys: Set<string> } | null = null;
   // Before the first look at the conf dir: what a crash in the middle of an apply left there.
@@ -194,34 +185,23 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
 
     desired(spec: ProxyState, statuses: StatusSnapshot): Map<string, string> {
       const certFor = (d: string) => certFromTlsOutputs(d, statuses);
-      const view = JSON.stringify(o.view);
-      if (last?.spec === spec && last.view === view && sameInputs(last, certFor)) return last.files;
-      // Render, noting what each certFor / upstreamFor call answered.
-      const certs = new Map<string, string>();
-      const upstreams = new Map<Service, string>();
-      const views = buildViews(spec, {
-        ...o.view,
-        certFor: (d) => note(certs, d, certFor(d)),
-        ...(o.upstreamFor ? { upstreamFor: (svc: Service) => note(upstreams, svc, o.upstreamFor!(svc)) } : {}),
-      });
+      const views = buildViews(spec, { ...o.view, certFor, ...(o.upstreamFor ? { upstreamFor: o.upstreamFor } : {}) });
       const files = renderAll(views);
-      // A test's hook may change its mind between passes: never reuse a hooked render.
       if (o.renderHook) return new Map([...files].map(([name, text]) => [name, o.renderHook!(name, text)]));
-      last = { spec, view, certs, upstreams, files };
       return files;
     },
 
-    async observe(ctx: LoopContext): Promise<Observed> {
+    async observe(ctx: LoopContext): Promise<OwnedFiles> {
       await removeLeftovers(ctx);
       if (unconfirmed && (await unconfirmed.check.settled())) {
         const waiting = (key: string) => ctx.status.get(key)?.some((c) => c.type === 'Ready' && c.reason === 'ReloadUnconfirmed');
         for (const key of unconfirmed.keys) {
-          if (waiting(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+          if (waiting(key)) ctx.status.set(key, served());
         }
         // Forget it once the status says so (a dry run's observe writes nothing).
         if (![...unconfirmed.keys].some(waiting)) unconfirmed = null;
       }
-      const { owned, foreign } = await readOwned(o.confDir);
+      const { owned, foreign } = await readOwned(o.confDir, texts);
       stats.configHash = configHash(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
       // Sites held back before they ever reached the disk keep their rejection on record
@@ -232,45 +212,31 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       const procKey = proc && reportProcess(ctx, proc) ? [PROCESS_KEY] : [];
       ctx.status.prune([...keys, ...rejected, ...procKey]);
       for (const key of keys) {
-        if (!ctx.status.get(key)) ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+        if (!ctx.status.get(key)) ctx.status.set(key, served());
       }
       return { owned, foreign };
     },
 
-    plan(desired: Map<string, string>, { owned, foreign }: Observed): Action<FilePayload>[] {
-      const actions: Action<FilePayload>[] = [];
-      for (const [name, text] of desired) {
-        if (foreign.has(name)) {
-          actions.push({ key: name, kind: 'conflict', summary: `skip ${name}: a file not written by dstack-proxy is in the way`, payload: { name, text, previous: null } });
-          continue;
-        }
-        const previous = owned.get(name) ?? null;
-        if (previous === text) continue;
-        const kind = previous === null ? 'create' : 'update';
-        actions.push(withLazyDiff({ key: name, kind, summary: `${kind} ${name}`, payload: { name, text, previous } }));
-      }
-      for (const [name, previous] of owned) {
-        if (desired.has(name)) continue;
-        actions.push(withLazyDiff({ key: name, kind: 'delete', summary: `delete ${name}`, payload: { name, text: null, previous } }));
-      }
-      return actions;
+    plan(desired: Map<string, string>, observed: OwnedFiles): Action<FilePayload>[] {
+      return diffFiles(desired, observed).map((change) =>
+        change.kind === 'conflict'
+          ? { key: change.name, kind: 'conflict', summary: `skip ${change.name}: a file not written by dstack-proxy is in the way`, payload: change }
+          : withLazyDiff({ key: change.name, kind: change.kind, summary: `${change.kind} ${change.name}`, payload: change }),
+      );
     },
 
     async released(names: string[], ctx: LoopContext): Promise<void> {
       // A failing file that is no longer planned: gone from the document, or on disk as desired.
-      const { owned } = await readOwned(o.confDir);
+      const { owned } = await readOwned(o.confDir, texts);
       for (const name of names) {
         const key = objectKey(name);
         if (!owned.has(name)) ctx.status.delete(key);
-        else {
-          ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
-          ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
-        }
+        else markApplied(ctx.status, key, served());
       }
     },
 
     async applyBatch(actions: Action<FilePayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
-      const plan: FilePlan = { create: [], update: [], delete: [], unchanged: [], conflicts: [] };
+      const changes: FileChange[] = [];
       const outcomes = new Map<string, BatchOutcome>();
       // 0. At most one reload per interval. Every reload makes old workers finish their
       //    requests and new ones start; a stream of PUTs one service at a time would reload
@@ -291,17 +257,16 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
           return new Map(actions.map((a) => [a.key, { requeueAfterMs: 0 }]));
         }
       }
-      for (const { kind, payload: p } of actions) {
-        if (kind === 'conflict') {
+      for (const { payload: p } of actions) {
+        if (p.kind === 'conflict') {
           const message = `${o.confDir}/${p.name} exists and was not written by dstack-proxy; move it away to let this site be served`;
           outcomes.set(p.name, { error: new TerminalError(message) });
           ctx.status.set(objectKey(p.name), { type: 'Ready', status: 'False', reason: 'FileConflict', message });
-        } else if (p.text === null) plan.delete.push({ name: p.name, previous: p.previous ?? '' });
-        else if (p.previous === null) plan.create.push({ name: p.name, text: p.text });
-        else plan.update.push({ name: p.name, text: p.text, previous: p.previous });
+        } else changes.push(p);
       }
+      const deleted = new Set(changes.filter((c) => c.kind === 'delete').map((c) => c.name));
       const result = await applyFiles({
-        plan,
+        changes,
         sitesDir: o.confDir,
         mainConfPath: o.mainConfPath,
         test: o.test,
@@ -318,14 +283,14 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         },
         logger: ctx.logger,
       });
-      stats.configHash = configHash((await readOwned(o.confDir)).owned);
+      stats.configHash = configHash((await readOwned(o.confDir, texts)).owned);
       if (result.unconfirmed) {
         unconfirmed = { check: result.unconfirmed, keys: new Set([...(unconfirmed?.keys ?? []), ...result.applied.map(objectKey)]) };
         ctx.logger.warn({ files: result.applied.length }, result.unconfirmed.unconfirmed);
       }
       for (const name of result.applied) {
         const key = objectKey(name);
-        if (plan.delete.some((d) => d.name === name)) {
+        if (deleted.has(name)) {
           outcomes.set(name, 'done');
           ctx.status.delete(key);
           continue;
@@ -334,12 +299,11 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         if (result.unconfirmed) {
           // Come back to confirm: observe() flips it to Applied once the old workers are gone.
           outcomes.set(name, { requeueAfterMs: UNCONFIRMED_RECHECK_MS });
-          ctx.status.set(key, { type: 'Ready', status: 'Unknown', reason: 'ReloadUnconfirmed', message: result.unconfirmed.unconfirmed });
+          markApplied(ctx.status, key, { type: 'Ready', status: 'Unknown', reason: 'ReloadUnconfirmed', message: result.unconfirmed.unconfirmed });
         } else {
           outcomes.set(name, 'done');
-          ctx.status.set(key, { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' });
+          markApplied(ctx.status, key, served());
         }
-        ctx.status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
       }
       for (const { file, message } of result.heldBack) {
         outcomes.set(file, { error: new Error(message) });
@@ -391,19 +355,17 @@ function withLazyDiff(action: Omit<Action<FilePayload>, 'diff'>): Action<FilePay
   }) as Action<FilePayload>;
 }
 
-interface LastRender {
-  spec: ProxyState;
-  /** The view options, as JSON (the API port is filled in once it listens). */
-  view: string;
-  /** What certFor / upstreamFor answered (as JSON) while rendering: still the same → reuse. */
-  certs: Map<string, string>;
-  upstreams: Map<Service, string>;
-  files: Map<string, string>;
+type ReadyCondition = Parameters<StatusWriter['set']>[1];
+
+/** The Ready condition of a file nginx serves as written. */
+function served(): ReadyCondition {
+  return { type: 'Ready', status: 'True', reason: 'Applied', message: 'served by nginx' };
 }
 
-function note<K, V>(answers: Map<K, string>, key: K, value: V): V {
-  answers.set(key, JSON.stringify(value));
-  return value;
+/** A file now on disk as desired: `ready` (served, or waiting for the reload to be confirmed), and nothing held back. */
+function markApplied(status: StatusWriter, key: string, ready: ReadyCondition): void {
+  status.set(key, ready);
+  status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
 }
 
 function configHash(files: Map<string, string>): string {

@@ -5,6 +5,7 @@ import { mkdir, open, readFile, readdir, readlink, stat, unlink, writeFile } fro
 import { join, resolve } from 'node:path';
 import { execa, type ResultPromise } from 'execa';
 import type { Logger } from 'pino';
+import { systemClock, type Clock, type TimerHandle } from '../../clock.js';
 import { ProxyError } from '../../errors.js';
 import { GLOBAL_FILE, SITES_SUBDIR, quote } from './names.js';
 
@@ -223,6 +224,18 @@ export interface NginxProcessOptions {
   timeoutMs?: number;
   /** How long a stale Nginx of this prefix gets after SIGTERM before SIGKILL. Default 2 s. */
   staleGraceMs?: number;
+  /**
+   * The restart backoff, the wait for a restart, the kill timer of stop() and the time of an
+   * exit. Default: the system clock. The polls that watch Nginx itself (its pid file, its log,
+   * its workers) run on real time: they wait for a real process, which moves on its own, and
+   * their timers keep the process alive while nothing else does (a start before the API listens).
+   */
+  clock?: Clock;
+}
+
+/** The pause between two looks at a process or a log: real time, and it keeps the process alive. */
+function pause(ms: number): Promise<void> {
+  return new Promise<void>((r) => setTimeout(r, ms));
 }
 
 async function waitFor<T>(deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
@@ -230,7 +243,7 @@ async function waitFor<T>(deadline: number, check: () => Promise<T | undefined>,
     const v = await check();
     if (v !== undefined) return v;
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
+    await pause(20);
   }
 }
 
@@ -345,7 +358,7 @@ async function terminate(procs: ProcEntry[], graceMs: number): Promise<{ killed:
     for (;;) {
       const left = await alive();
       if (left.length === 0 || Date.now() > deadline) return left;
-      await new Promise((r) => setTimeout(r, 20));
+      await pause(20);
     }
   };
   for (const p of procs) await signal(p, 'SIGTERM');
@@ -393,7 +406,7 @@ async function untilSwitched(master: number, old: readonly number[], deadline: n
   for (;;) {
     if (await generationSwitched(master, old)) return true;
     if (Date.now() > deadline) return false;
-    await new Promise((r) => setTimeout(r, 10));
+    await pause(10);
   }
 }
 
@@ -439,7 +452,7 @@ export class NginxProcess {
   private readyPid: number | undefined;
   private stopping = false;
   private attempt = 0;
-  private restartTimer: NodeJS.Timeout | null = null;
+  private restartTimer: TimerHandle | null = null;
   private waiters: { resolve: () => void; reject: (e: Error) => void }[] = [];
   private counts = { restarts: 0, staleStopped: 0 };
   private lastExit: NginxProcessInfo['lastExit'] = null;
@@ -453,6 +466,7 @@ export class NginxProcess {
       restartMaxMs: 30_000,
       timeoutMs: 15_000,
       staleGraceMs: 2_000,
+      clock: systemClock,
       ...opts,
     };
   }
@@ -553,7 +567,7 @@ export class NginxProcess {
 
   private onExit(code: number | null, signal: string | null, stderr: string): void {
     const expected = this.stopping;
-    if (!expected) this.lastExit = { code, signal, at: Date.now() };
+    if (!expected) this.lastExit = { code, signal, at: this.o.clock.now() };
     this.o.onEvent?.({ type: 'exited', code, signal, expected });
     if (expected) return;
     this.o.logger?.error({ code, signal, stderr: stderr.slice(-2000) }, 'nginx exited unexpectedly');
@@ -564,7 +578,7 @@ export class NginxProcess {
     this.attempt += 1;
     const delayMs = Math.min(this.o.restartMaxMs, this.o.restartInitialMs * 2 ** (this.attempt - 1));
     this.o.onEvent?.({ type: 'restarting', attempt: this.attempt, delayMs });
-    this.restartTimer = setTimeout(() => {
+    this.restartTimer = this.o.clock.setTimeout(() => {
       this.restartTimer = null;
       if (this.stopping) return;
       this.spawn(true).then(
@@ -593,12 +607,12 @@ export class NginxProcess {
     await new Promise<void>((resolvePromise, reject) => {
       const waiter = { resolve: resolvePromise, reject };
       this.waiters.push(waiter);
-      setTimeout(() => {
+      this.o.clock.setTimeout(() => {
         const i = this.waiters.indexOf(waiter);
         if (i < 0) return;
         this.waiters.splice(i, 1);
         reject(new Error(`nginx is not running${this.restartError ? ` (restart failed: ${this.restartError})` : ' (restarting)'}`));
-      }, this.o.timeoutMs).unref();
+      }, this.o.timeoutMs);
     });
     if (this.readyPid === undefined) throw new Error('nginx is not running');
     return this.readyPid;
@@ -657,14 +671,14 @@ export class NginxProcess {
   /** Stop the master (SIGQUIT: graceful; SIGTERM: fast) and wait for it to exit. */
   async stop(opts: { graceful?: boolean } = {}): Promise<void> {
     this.stopping = true;
-    if (this.restartTimer) clearTimeout(this.restartTimer);
+    if (this.restartTimer !== null) this.o.clock.clearTimeout(this.restartTimer);
     this.restartTimer = null;
     for (const w of this.waiters.splice(0)) w.reject(new Error('nginx is stopping'));
     const child = this.child;
     if (!child) return;
     child.kill(opts.graceful ? 'SIGQUIT' : 'SIGTERM');
-    const timer = setTimeout(() => child.kill('SIGKILL'), this.o.timeoutMs);
+    const timer = this.o.clock.setTimeout(() => child.kill('SIGKILL'), this.o.timeoutMs);
     await child;
-    clearTimeout(timer);
+    this.o.clock.clearTimeout(timer);
   }
 }

@@ -9,6 +9,7 @@ import { createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
+import { systemClock, type Clock } from '../../clock.js';
 
 /** Where a replica's bytes go: an SSH tunnel or a plain TCP address. */
 export interface Upstream {
@@ -25,6 +26,8 @@ export interface BalancerOptions {
   socketGid?: number;
   random?: () => number;
   logger?: Logger;
+  /** drain()'s deadline. Default: the system clock. */
+  clock?: Clock;
 }
 
 /** connect() found no Ready replica (or every one failed to open). */
@@ -51,6 +54,7 @@ export class Balancer {
   readonly stats: BalancerStats = { accepted: 0, unavailable: 0, openFailures: 0 };
   readonly #o: BalancerOptions;
   readonly #random: () => number;
+  readonly #clock: Clock;
   readonly #services = new Map<string, ServiceEntry>();
   /** Open streams per upstream, including upstreams already removed (draining). */
   readonly #conns = new Map<Upstream, Set<Duplex>>();
@@ -61,6 +65,7 @@ export class Balancer {
   constructor(o: BalancerOptions) {
     this.#o = o;
     this.#random = o.random ?? Math.random;
+    this.#clock = o.clock ?? systemClock;
   }
 
   /** The socket of a service; stable for a given key. Short, so it fits sun_path (108 bytes). */
@@ -74,16 +79,10 @@ export class Balancer {
     return [...this.#services].filter(([, e]) => e.server !== null).map(([k]) => k);
   }
 
-  /** Binds the service's socket (replacing a stale file). Idempotent. */
-  async listen(serviceKey: string): Promise<void> {
-    const failed = await this.listenAll([serviceKey]);
-    const err = failed.get(serviceKey);
-    if (err !== undefined) throw err;
-  }
-
   /**
-   * Binds the sockets of many services at once (a cold start: 1,000s): the directory is made
-   * once and several binds are in flight. Returns the error of each key that failed.
+   * Binds the sockets of services (replacing stale files; idempotent), many at once on a cold
+   * start of 1,000s: the directory is made once and several binds are in flight. Returns the
+   * error of each key that failed.
    */
   async listenAll(serviceKeys: readonly string[], concurrency = 16): Promise<Map<string, unknown>> {
     const failed = new Map<string, unknown>();
@@ -94,7 +93,7 @@ export class Balancer {
     const worker = async (): Promise<void> => {
       while (next < todo.length) {
         const key = todo[next++]!;
-        // A bind of this key already in flight (listen() called twice) is joined, not repeated.
+        // A bind of this key already in flight (listenAll() called again meanwhile) is joined, not repeated.
         let binding = this.#binding.get(key);
         if (!binding) {
           binding = this.#bind(key).finally(() => this.#binding.delete(key));
@@ -177,14 +176,13 @@ export class Balancer {
   drain(upstream: Upstream, ms: number): Promise<void> {
     return new Promise((resolve) => {
       if (this.activeConnections(upstream) === 0) return resolve();
-      const timer = setTimeout(() => {
+      const timer = this.#clock.setTimeout(() => {
         this.#idle.delete(upstream);
         for (const s of this.#conns.get(upstream) ?? []) s.destroy();
         resolve();
       }, ms);
-      timer.unref();
       this.#idle.set(upstream, () => {
-        clearTimeout(timer);
+        this.#clock.clearTimeout(timer);
         resolve();
       });
     });

@@ -99,6 +99,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const balancer = new Balancer({
     socketDir: o.socketDir ?? join(o.stateDir, 'sockets'),
     random,
+    clock,
     ...(o.socketMode !== undefined ? { socketMode: o.socketMode } : {}),
     ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
     ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),

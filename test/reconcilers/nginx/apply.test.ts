@@ -1,11 +1,11 @@
-// planFiles / applyFiles against a real private Nginx: candidate tree + nginx -t, held-back
+// readOwned / diffFiles / applyFiles against a real private Nginx: candidate tree + nginx -t, held-back
 // sites, rollback on a refused reload, foreign files, no-op applies.
 
 import { mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { applyFiles, CONFLICT_MESSAGE, planFiles, type ApplyOptions } from '../../../src/reconcilers/nginx/apply.js';
+import { applyFiles, CONFLICT_MESSAGE, diffFiles, readOwned, type ApplyFilesOptions } from '../../../src/reconcilers/nginx/apply.js';
 import { MARKER, renderAll } from '../../../src/reconcilers/nginx/render.js';
 import { buildViews } from '../../../src/reconcilers/nginx/view.js';
 import { request } from '../../helpers/http.js';
@@ -31,10 +31,10 @@ function site(domain: string, body = 'return 200 "ok";'): string {
   return `${MARKER}\nserver {\n    server_name ${domain};\n    listen 127.0.0.1:${ng.httpPort};\n    location / { ${body} }\n}\n`;
 }
 
-async function apply(files: Map<string, string>, over: Partial<ApplyOptions> = {}) {
-  const plan = await planFiles(files, ng.paths.confDir);
+async function apply(files: Map<string, string>, over: Partial<ApplyFilesOptions> = {}) {
+  const changes = diffFiles(files, await readOwned(ng.paths.confDir));
   const result = await applyFiles({
-    plan,
+    changes,
     sitesDir: ng.paths.confDir,
     mainConfPath: ng.paths.confPath,
     test: ng.test,
@@ -44,7 +44,8 @@ async function apply(files: Map<string, string>, over: Partial<ApplyOptions> = {
     },
     ...over,
   });
-  return { plan, result };
+  const names = (kind: string) => changes.filter((c) => c.kind === kind).map((c) => c.name);
+  return { changes, names, result };
 }
 
 const conf = (name: string) => join(ng.paths.confDir, name);
@@ -78,9 +79,10 @@ describe('applyFiles on a real Nginx', () => {
 
   it('writes nothing and does not reload when the render is identical', async () => {
     const before = await stat(conf('sites/plain.gw.test.conf'));
-    const { plan, result } = await apply(rendered());
-    expect(plan.create.length + plan.update.length + plan.delete.length).toBe(0);
-    expect(plan.unchanged).toHaveLength(5);
+    const files = rendered();
+    expect(files.size).toBe(5);
+    const { changes, result } = await apply(files);
+    expect(changes).toEqual([]); // all 5 on disk as rendered
     expect(result).toEqual({ applied: [], heldBack: [], reloaded: false });
     expect(reloads).toBe(0);
     expect((await stat(conf('sites/plain.gw.test.conf'))).mtimeMs).toBe(before.mtimeMs);
@@ -110,7 +112,7 @@ describe('applyFiles on a real Nginx', () => {
     const files = rendered();
     for (const n of ['a', 'b', 'c', 'd', 'e']) files.set(`sites/${n}.gw.test.conf`, site(`${n}.gw.test`));
     files.set('sites/c.gw.test.conf', site('c.gw.test', 'bogus_directive on;'));
-    const test: ApplyOptions['test'] = async (c) => {
+    const test: ApplyFilesOptions['test'] = async (c) => {
       const r = await ng.test(c);
       return r.ok ? r : { ok: false, message: r.message }; // drop file and line
     };
@@ -153,9 +155,9 @@ describe('applyFiles on a real Nginx', () => {
     const files = rendered();
     files.delete('sites/plain.gw.test.conf'); // an owned file to delete
     files.set('sites/plain2.gw.test.conf', site('plain2.gw.test', 'return 200 "ours";'));
-    const { plan, result } = await apply(files);
-    expect(plan.conflicts).toEqual(['sites/plain2.gw.test.conf']);
-    expect(plan.delete.map((d) => d.name)).toEqual(['sites/plain.gw.test.conf']);
+    const { names, result } = await apply(files);
+    expect(names('conflict')).toEqual(['sites/plain2.gw.test.conf']);
+    expect(names('delete')).toEqual(['sites/plain.gw.test.conf']);
     expect(result.applied).toEqual(['sites/plain.gw.test.conf']);
     expect(result.heldBack).toEqual([{ file: 'sites/plain2.gw.test.conf', message: CONFLICT_MESSAGE }]);
     expect(await exists('sites/plain.gw.test.conf')).toBe(false);

@@ -58,7 +58,7 @@ describe('Nginx loop: Applied only once the previous workers stopped accepting',
       const ready = () => controller.statuses().loops.nginx?.objects['web.gw.test']?.conditions.find((c) => c.type === 'Ready');
       expect(ready()).toMatchObject({ status: 'Unknown', reason: 'ReloadUnconfirmed' });
       expect(ready()!.message).toMatch(new RegExp(`pid ${worker}\\) still accept`));
-      // A dry run (the PUT's plan) must not consume the confirmation.
+      // A dry run (PUT ?dryRun=true) must not consume the confirmation.
       process.kill(worker!, 'SIGCONT');
       await eventually(async () => ((await workersOf(proc!.pid!)).includes(worker!) ? undefined : true));
       await controller.dryRun(state);

@@ -8,7 +8,7 @@ import { createServer, request as httpRequest, type Server } from 'node:http';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { applyFiles, planFiles } from '../../../src/reconcilers/nginx/apply.js';
+import { applyFiles, diffFiles, readOwned } from '../../../src/reconcilers/nginx/apply.js';
 import { renderAll } from '../../../src/reconcilers/nginx/render.js';
 import { buildViews, directUpstream } from '../../../src/reconcilers/nginx/view.js';
 import { close, request, startEcho } from '../../helpers/http.js';
@@ -80,8 +80,8 @@ beforeAll(async () => {
     upstreamFor: (s) => (s.run === 'sock' ? { kind: 'socket', path: sock } : directUpstream(s)),
     internalSocket,
   });
-  const plan = await planFiles(renderAll(views), ng.paths.confDir);
-  const r = await applyFiles({ plan, sitesDir: ng.paths.confDir, mainConfPath: ng.paths.confPath, test: ng.test, reload: ng.reload });
+  const changes = diffFiles(renderAll(views), await readOwned(ng.paths.confDir));
+  const r = await applyFiles({ changes, sitesDir: ng.paths.confDir, mainConfPath: ng.paths.confPath, test: ng.test, reload: ng.reload });
   expect(r.heldBack).toEqual([]);
   expect(r.reloaded).toBe(true);
 });

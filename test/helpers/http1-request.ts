@@ -1,12 +1,16 @@
-// The promise form of Http1Pool.dispatch: resolves at the response head with the body as a
-// Readable that reads from the replica only as fast as it is consumed. For callers that want a
-// stream, not a handler.
+// The promise form of Http1Pool.dispatch, for tests: resolves at the response head with the
+// body as a Readable that reads from the replica only as fast as it is consumed.
 
 import { Readable } from 'node:stream';
-import type { Http1Pool } from './pool.js';
-import { headerObject } from './field.js';
-import { withErrorPath } from './streams.js';
-import { Http1Error, type Http1Exchange, type Http1Handler, type Http1Request } from './types.js';
+import {
+  headerObject,
+  Http1Error,
+  withErrorPath,
+  type Http1Exchange,
+  type Http1Handler,
+  type Http1Pool,
+  type Http1Request,
+} from '../../src/http1/index.js';
 
 export interface Http1Response {
   status: number;
