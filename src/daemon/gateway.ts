@@ -75,7 +75,6 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }) }),
     async loops(d) {
       host = await prepareGatewayHost(options, logger, () => d.controller.notify());
-      d.defer(() => host.nginx?.stop());
       loops = gatewayLoops(options, host, () => d.current().generation, deps);
       return [loops.ssh, loops.tls, loops.nginx];
     },
@@ -87,7 +86,6 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       return [{ host: options.apiHost, port: options.apiPort, app: { ...(apiToken ? { apiToken } : {}), routes } }];
     },
     async beforeListen() {
-      await host.nginx?.start();
       stats.start();
     },
     listening([port], d) {

@@ -76,7 +76,8 @@ export function gatewayLoops(options: GatewayOptions, host: GatewayHost, current
     // sockets first (its tunnels' ups and downs, a retired socket closing, change no site).
     triggeredBy: [TLS_LOOP],
     ...(deps.renderHook ? { renderHook: deps.renderHook } : {}),
-    ...(host.nginx ? { supervisor: () => host.nginx!.info } : {}),
+    // The private master lives and dies with the loop that reloads it.
+    ...(host.nginx ? { master: host.nginx } : {}),
     currentGeneration,
     minReloadIntervalMs: DEFAULT_MIN_RELOAD_INTERVAL_MS,
     ...(deps.nginxLoop ?? {}),

@@ -42,7 +42,7 @@ export interface NginxLoopOptions {
   upstreamFor?: (service: Service) => UpstreamTarget;
   /** Test hook: rewrite a rendered file before it is planned (inject a broken site). */
   renderHook?: (fileName: string, text: string) => string;
-  /** Dependencies whose status feeds `desired` (the TLS loop, once it exists). */
+  /** Dependencies whose status feeds `desired`. */
   dependsOn?: readonly string[];
   /** The dependencies whose status changes trigger a pass (default: all of dependsOn). */
   triggeredBy?: readonly string[];
@@ -56,6 +56,12 @@ export interface NginxLoopOptions {
   currentGeneration?: () => number;
   /** The private Nginx's supervisor: its restarts are reported under PROCESS_KEY. */
   supervisor?: () => NginxProcessInfo;
+  /**
+   * The private Nginx master, when this loop runs one: started with the loop (before its first
+   * pass, which reloads it) and stopped when the loop closes. Its restarts are reported as
+   * with `supervisor`.
+   */
+  master?: { start(): Promise<void>; stop(): Promise<void>; readonly info: NginxProcessInfo };
 }
 
 /** The gateway's minimum time between two reloads. */
@@ -176,10 +182,13 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       },
       (err: unknown) => ctx.logger.warn({ err }, 'could not remove the files an interrupted apply left behind'),
     ));
+  const master = o.master;
+  const supervisor = o.supervisor ?? (master ? () => master.info : undefined);
   return {
     name: NGINX_LOOP,
     stats,
-    metrics: () => nginxMetricFamilies(() => stats, o.supervisor),
+    metrics: () => nginxMetricFamilies(() => stats, supervisor),
+    ...(master ? { start: () => master.start(), close: () => master.stop() } : {}),
     ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
     ...(o.triggeredBy ? { triggeredBy: o.triggeredBy } : {}),
 
@@ -208,7 +217,7 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
       // until the controller releases their key (released() below).
       const keys = [...owned.keys()].map(objectKey);
       const rejected = ctx.status.keys().filter((k) => ctx.status.get(k)?.some((c) => c.type === 'Ready' && c.status === 'False'));
-      const proc = o.supervisor?.();
+      const proc = supervisor?.();
       const procKey = proc && reportProcess(ctx, proc) ? [PROCESS_KEY] : [];
       ctx.status.prune([...keys, ...rejected, ...procKey]);
       for (const key of keys) {
