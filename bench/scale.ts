@@ -28,6 +28,8 @@ const MEMORY_SERVICES = 1_000;
 const CHECK_CONCURRENCY = 64;
 /** Pause before asking a host again that does not answer yet (404 from the default server). */
 const RETRY_MS = 50;
+/** A cold converge still incomplete after this is reported as such (the row shows the limit). */
+const CONVERGE_LIMIT_MS = 300_000;
 /** After the last change: longer than the minimum interval between reloads plus a reload check. */
 const SETTLE_MS = 4_000;
 
@@ -196,20 +198,27 @@ async function settle(gw: ChildGateway): Promise<void> {
 }
 
 interface Check {
-  /** ms from `t0` until the first host answered as its replica, and until the last did. */
+  /** ms from `t0` until the first host answered as its replica, and until the last did (or the limit). */
   firstMs: number;
   allMs: number;
+  /** Hosts that answered as their replica before the limit. */
+  answered: number;
   /** Requests that did not get the replica's answer (not served yet, or a connection closed by a reload). */
   misses: number;
 }
 
-/** Ask each host until it answers `replica <host>`; CHECK_CONCURRENCY requests in flight. */
+/**
+ * Ask each host until it answers `replica <host>`; CHECK_CONCURRENCY requests in flight. Past
+ * `limitMs` the hosts not asked yet are given up on and `answered` says how many made it.
+ */
 async function checkHosts(httpPort: number, hosts: string[], t0: number, limitMs: number): Promise<Check> {
   const pool = new Pool(`http://127.0.0.1:${httpPort}`, { connections: CHECK_CONCURRENCY, keepAliveTimeout: 60_000 });
   let firstMs = -1;
   let misses = 0;
+  let done = 0;
   let next = 0;
   let last = '';
+  let lastMiss = '';
   const answered = async (host: string): Promise<boolean> => {
     try {
       const r = await pool.request({ path: '/', method: 'GET', headers: { host } });
@@ -226,11 +235,17 @@ async function checkHosts(httpPort: number, hosts: string[], t0: number, limitMs
       Array.from({ length: CHECK_CONCURRENCY }, async () => {
         while (next < hosts.length) {
           const host = hosts[next++]!;
-          while (!(await answered(host))) {
+          let ok = false;
+          while (!(ok = await answered(host))) {
             misses++;
-            if (performance.now() - t0 > limitMs) throw new Error(`${host} did not answer as its replica within ${limitMs} ms; last answer: ${last}`);
+            if (performance.now() - t0 > limitMs) break;
             await sleep(RETRY_MS);
           }
+          if (!ok) {
+            lastMiss = `${host}: ${last}`;
+            continue;
+          }
+          done++;
           if (firstMs < 0) firstMs = performance.now() - t0;
         }
       }),
@@ -238,7 +253,8 @@ async function checkHosts(httpPort: number, hosts: string[], t0: number, limitMs
   } finally {
     await pool.close();
   }
-  return { firstMs, allMs: performance.now() - t0, misses };
+  if (done < hosts.length) process.stderr.write(`scale: ${hosts.length - done} host(s) did not answer within ${limitMs} ms, e.g. ${lastMiss.slice(0, 300)}\n`);
+  return { firstMs, allMs: performance.now() - t0, answered: done, misses };
 }
 
 async function startBackend(): Promise<{ port: number; proc: ChildProcess }> {
@@ -283,11 +299,12 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
 
   const t0 = performance.now();
   const putDone = put(gw, doc).then(() => performance.now() - t0);
-  const [putMs, converged] = await Promise.all([putDone, checkHosts(gw.httpPort, hosts, t0, 600_000)]).catch((err: unknown) => {
+  const [putMs, converged] = await Promise.all([putDone, checkHosts(gw.httpPort, hosts, t0, CONVERGE_LIMIT_MS)]).catch((err: unknown) => {
     throw explained(gw, err);
   });
-  process.stderr.write(`scale: ${CONVERGE_SERVICES} services answered after ${(converged.allMs / 1000).toFixed(1)} s\n`);
-  await settle(gw);
+  const complete = converged.answered === hosts.length;
+  process.stderr.write(`scale: ${converged.answered} of ${CONVERGE_SERVICES} hosts answered after ${(converged.allMs / 1000).toFixed(1)} s\n`);
+  if (complete) await settle(gw);
   const reloads1 = await reloads(gw);
   const coldReloads = reloads1.reloads - reloads0.reloads;
   const failedReloads = reloads1.failures - reloads0.failures;
@@ -295,7 +312,7 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
   // The same check on the converged gateway: what of the converge figure is the checking itself.
   const checks: number[] = [];
   const checkMisses: number[] = [];
-  for (let i = 0; i < 3; i++) {
+  for (let i = 0; i < (complete ? 3 : 0); i++) {
     const t = performance.now();
     const c = await checkHosts(gw.httpPort, hosts, t, 300_000).catch((err: unknown) => {
       throw explained(gw, err);
@@ -303,21 +320,22 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
     checks.push(c.allMs);
     checkMisses.push(c.misses);
   }
-  const checkMs = median(checks);
+  const checkMs = complete ? median(checks) : NaN;
   await gw.stop();
 
   const s = converged.allMs / 1000;
-  return [
+  const rows: Row[] = [
     {
       id: 'P3x',
       name: `cold converge of ${CONVERGE_SERVICES.toLocaleString('en-US')} services × 1 direct replica: PUT → every host answers`,
       value: s,
       unit: 's',
       target: '≤ 10 s',
-      ok: s <= 10,
+      ok: complete && s <= 10,
       baseline: { name: 'dstack, 1,000 services', value: PEER_1000_SERVICES_S, measured: 'published' },
       note:
-        `PUT answered after ${(putMs / 1000).toFixed(1)} s, first host answered after ${(converged.firstMs / 1000).toFixed(1)} s; ` +
+        (complete ? '' : `NOT CONVERGED: ${converged.answered} of ${CONVERGE_SERVICES} hosts answered within the ${CONVERGE_LIMIT_MS / 1000} s limit; `) +
+        `PUT answered after ${(putMs / 1000).toFixed(1)} s, first host answered ${converged.firstMs < 0 ? 'never' : `after ${(converged.firstMs / 1000).toFixed(1)} s`}; ` +
         `${converged.misses} requests before the hosts answered (retried every ${RETRY_MS} ms, ${CHECK_CONCURRENCY} in flight); ` +
         `dstack: 100 services 34 s (published), 1,000 services extrapolated`,
     },
@@ -327,18 +345,20 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
       value: coldReloads,
       unit: 'reloads',
       target: '1',
-      ok: coldReloads === 1,
+      ok: complete && coldReloads === 1,
       baseline: { name: 'dstack, 1,000 services', value: PEER_1000_SERVICES_RELOADS, measured: 'published' },
       note: `${failedReloads} failed reload(s) among them; dstack: 100 services 200 reloads (published), 1,000 services extrapolated`,
     },
-    {
+  ];
+  if (!complete) return rows;
+  rows.push({
       id: 'P3xc',
       name: `checking the ${CONVERGE_SERVICES.toLocaleString('en-US')} hosts on the converged gateway (part of P3x; median of 3)`,
       value: checkMs / 1000,
       unit: 's',
       note: `runs ${checks.map((c) => (c / 1000).toFixed(2)).join(' ')} s; requests that missed (retried) ${checkMisses.join(' ')}`,
-    },
-  ];
+  });
+  return rows;
 }
 
 async function memoryRows(dir: string, backendPort: number, gateways: ChildGateway[]): Promise<Row[]> {
