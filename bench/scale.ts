@@ -402,7 +402,8 @@ async function memoryRows(dir: string, backendPort: number, gateways: ChildGatew
       ok: ratio <= 1.2,
       baseline: { name: 'dstack', value: Math.round((PEER_RSS_ONE_BY_ONE_MIB / PEER_RSS_AT_ONCE_MIB) * 100) / 100, measured: 'published' },
       note:
-        `after a full GC: one by one ${mib(b.vmRss)} MiB (heap used ${mib(b.heapUsed)}), at once ${mib(a.vmRss)} MiB (heap used ${mib(a.heapUsed)}); ` +
+        `after a full GC: one by one ${mib(b.vmRss)} MiB (V8 heap used/committed ${mib(b.heapUsed)}/${mib(b.heapTotal)}, external ${mib(b.external)}, array buffers ${mib(b.arrayBuffers)}), ` +
+        `at once ${mib(a.vmRss)} MiB (${mib(a.heapUsed)}/${mib(a.heapTotal)}, ${mib(a.external)}, ${mib(a.arrayBuffers)}); ` +
         `before the GC ${mib(settled.oneByOne)} vs ${mib(settled.atOnce)} MiB; at start ${mib(startRss.oneByOne)} vs ${mib(startRss.atOnce)} MiB; ` +
         `the 1,000 PUTs took ${oneByOneS.toFixed(0)} s; dstack ${PEER_RSS_ONE_BY_ONE_MIB} vs ${PEER_RSS_AT_ONCE_MIB} MiB`,
     },
