@@ -14,6 +14,7 @@ import { churnRows } from './churn.js';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
 import { removalRows } from './removals.js';
+import { scaleRows } from './scale.js';
 import { serverProxyRows } from './server-proxy.js';
 import { specRows } from './spec.js';
 import { sshRows } from './ssh.js';
@@ -31,6 +32,7 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'models', run: modelRows },
   { name: 'server-proxy', run: serverProxyRows },
   { name: 'removals', run: removalRows },
+  { name: 'scale', run: scaleRows },
 ];
 
 const SECTION_FLAG = '--section';
