@@ -73,7 +73,7 @@ export async function prepareGatewayHost(options: GatewayOptions, logger: Logger
       confDir: paths.confDir,
       mainConfPath: paths.confPath,
       test: (conf) => testConfig(conf, paths.prefix, { nginxBin: options.nginxBin }),
-      reload: () => nginx.reload(),
+      reload: (hint) => nginx.reload(hint),
     };
   }
   const confDir = resolve(options.sitesDir!);
@@ -82,7 +82,7 @@ export async function prepareGatewayHost(options: GatewayOptions, logger: Logger
   const system = systemNginx({ reloadCommand: options.reloadCommand, testCommand: options.testCommand, nginxConf: mainConfPath });
   // A file left by a system Nginx that died would make its next reload fail.
   await removeStaleSocket(internal.socketPath);
-  return { ...common, nginx: undefined, confDir, mainConfPath, test: (conf) => system.test(conf), reload: () => system.reload() };
+  return { ...common, nginx: undefined, confDir, mainConfPath, test: (conf) => system.test(conf), reload: (hint) => system.reload(hint) };
 }
 
 function certbotDirsUnder(dir: string): CertbotDirs {

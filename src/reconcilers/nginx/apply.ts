@@ -12,7 +12,7 @@ import type { Logger } from 'pino';
 import { ProxyError } from '../../errors.js';
 import { DEFAULT_TEMP_RE, writeAtomic as writeFileAtomic } from '../../write-atomic.js';
 import { MARKER, SITES_SUBDIR } from './names.js';
-import type { ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
+import type { ReloadHint, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 
 export { unifiedDiff } from './diff.js';
 
@@ -195,7 +195,8 @@ export interface ApplyFilesOptions {
   mainConfPath: string;
   /** `nginx -t` of a main conf (e.g. testConfig with the private prefix). */
   test: (confPath: string) => Promise<TestResult>;
-  reload: () => Promise<ReloadOutcome>;
+  /** Told how long the slowest `nginx -t` of this apply took: the master parses the same files. */
+  reload: (hint?: ReloadHint) => Promise<ReloadOutcome>;
   logger?: Logger;
 }
 
@@ -241,7 +242,7 @@ export async function applyFiles(opts: ApplyFilesOptions): Promise<ApplyFilesRes
     // 3. Reload once (the candidate is removed after); a refused reload restores the previous
     //    files and reloads again.
     try {
-      const outcome = await opts.reload();
+      const outcome = await opts.reload({ testMs: cand.slowestTestMs() });
       return { applied, heldBack, reloaded: true, ...(outcome ? { unconfirmed: outcome } : {}) };
     } catch (err) {
       const message = `reload failed: ${err instanceof Error ? err.message : String(err)}`;
@@ -251,7 +252,7 @@ export async function applyFiles(opts: ApplyFilesOptions): Promise<ApplyFilesRes
       );
       await forEachLimit(deletes, WRITE_CONCURRENCY, (d) => writeAtomic(join(sitesDir, d.name), d.previous));
       try {
-        await opts.reload();
+        await opts.reload({ testMs: cand.slowestTestMs() });
       } catch (err2) {
         logger?.error({ err: err2 instanceof Error ? err2.message : String(err2) }, 'nginx reload after rollback failed');
       }
@@ -306,6 +307,8 @@ interface Candidate {
   tryWith: (names: Set<string>) => Promise<TestResult & { relFile?: string }>;
   /** Moves the accepted changes into the real dir, each by one atomic rename. */
   swapIn: (accepted: Change[]) => Promise<void>;
+  /** The longest `nginx -t` run so far, in ms. */
+  slowestTestMs: () => number;
 }
 
 /**
@@ -334,6 +337,7 @@ async function withCandidate<T>(opts: ApplyFilesOptions, changes: Change[], dele
     await writeFile(candConf, mainText.split(sitesDir).join(candDir));
     /** What the candidate holds for each change: its text, or its previous text (null: absent). */
     const state = new Map<string, string | null>(changes.map((c) => [c.name, c.previous]));
+    let slowestTestMs = 0;
     const tryWith = async (names: Set<string>) => {
       const todo = changes.filter((c) => state.get(c.name) !== (names.has(c.name) ? c.text : c.previous));
       // Many small files: several writes in flight keep libuv's pool busy (1,000 sites, cold).
@@ -343,7 +347,9 @@ async function withCandidate<T>(opts: ApplyFilesOptions, changes: Change[], dele
         if (want !== null) await writeFile(join(candDir, c.name), want, { mode: 0o644, flag: 'wx' });
         state.set(c.name, want);
       });
+      const t0 = performance.now();
       const r = await opts.test(candConf);
+      slowestTestMs = Math.max(slowestTestMs, performance.now() - t0);
       if (r.ok) return r;
       const relFile = r.file && r.file.startsWith(`${candDir}/`) ? relative(candDir, r.file) : undefined;
       const message = r.message.split(candDir).join(sitesDir);
@@ -364,7 +370,7 @@ async function withCandidate<T>(opts: ApplyFilesOptions, changes: Change[], dele
         await writeAtomic(to, c.text, false);
       });
     };
-    return await fn({ tryWith, swapIn });
+    return await fn({ tryWith, swapIn, slowestTestMs: () => slowestTestMs });
   } finally {
     await rm(candDir, { recursive: true, force: true });
     await rm(candConf, { force: true });

@@ -18,7 +18,7 @@ import {
   type TextCache,
 } from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
-import type { NginxProcessInfo, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
+import type { NginxProcessInfo, ReloadHint, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 import { renderAll } from './render.js';
 import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
 
@@ -31,7 +31,8 @@ export interface NginxLoopOptions {
   mainConfPath: string;
   view: Omit<ViewOptions, 'certFor' | 'upstreamFor'>;
   test: (confPath: string) => Promise<TestResult>;
-  reload: () => Promise<ReloadOutcome>;
+  /** The hint says how long `nginx -t` of the same files took (a reload parses them again). */
+  reload: (hint?: ReloadHint) => Promise<ReloadOutcome>;
   /**
    * Where a service's traffic goes; default its direct replicas. Given by the composition root,
    * not read from the SSH loop's status: a balancer socket's path is a pure function of the
@@ -279,9 +280,9 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         sitesDir: o.confDir,
         mainConfPath: o.mainConfPath,
         test: o.test,
-        reload: async () => {
+        reload: async (hint) => {
           try {
-            const outcome = await o.reload();
+            const outcome = await o.reload(hint);
             stats.reloads++;
             stats.lastReloadAt = ctx.clock.now();
             return outcome;

@@ -1,6 +1,8 @@
 // Small named helpers the views and templates share: names of Nginx objects, listen addresses,
 // quoting. Each has a table test in test/reconcilers/nginx/names.test.ts.
 
+import { createHash } from 'node:crypto';
+
 import { ProxyError } from '../../errors.js';
 import type { RateLimitKey } from '../../spec/types.js';
 
@@ -20,13 +22,22 @@ function safeName(part: string): string {
   return part.replace(/[^A-Za-z0-9_-]/g, '_');
 }
 
+/** Longest readable part kept in an upstream name; the hash in front keeps truncated names apart. */
+const READABLE_MAX = 64;
+
 /**
- * Upstream name for a service key "<project>/<run>": `dstack.<project>.<run>`. Project and run
- * names contain no dots, so the name is unambiguous, and a dot never resolves as a host name
- * clash with a real upstream of a foreign config.
+ * Upstream name for a service key "<project>/<run>": `u<8 hex>.<project>.<run>`, the hex being
+ * the start of the SHA-256 of the key. Nginx looks every upstream up by a linear scan that
+ * compares names character by character, once per `upstream` block and once per `proxy_pass`,
+ * so with thousands of services a shared leading `<project>.run-` makes config parsing
+ * quadratic in long compares; the hash first makes names differ in their first characters.
+ * The readable part (project and run, dots between, truncated) keeps logs legible; names start
+ * with a letter and hold only [A-Za-z0-9_.-], so they never read as an address, and the dot
+ * keeps them apart from a plain upstream name of a foreign config.
  */
 export function upstreamName(key: string): string {
-  return `dstack.${key.split('/').map(safeName).join('.')}`;
+  const readable = key.split('/').map(safeName).join('.').slice(0, READABLE_MAX);
+  return `u${createHash('sha256').update(key).digest('hex').slice(0, 8)}.${readable}`;
 }
 
 /**

@@ -175,7 +175,7 @@ export function systemNginx(
      * previous config still accept: when the master is known (its pid file), wait until they
      * stopped and new ones run, so "applied" means served.
      */
-    async reload(): Promise<ReloadOutcome> {
+    async reload(hint?: ReloadHint): Promise<ReloadOutcome> {
       const pidFile = opts.pidFile ?? (opts.nginxConf ? await pidFileOf(opts.nginxConf) : undefined);
       const master = pidFile ? await masterFromPidFile(pidFile) : undefined;
       const old = master ? await acceptingWorkers(master) : [];
@@ -184,7 +184,7 @@ export function systemNginx(
       const r = await exec(bin, args);
       if (r.exitCode !== 0) throw new Error(`${reloadArgv.join(' ')} exited ${r.exitCode}: ${r.stderr.trim()}`);
       if (master === undefined) return;
-      if (await untilSwitched(master, old, t0 + timeoutMs)) return;
+      if (await untilSwitched(master, old, reloadDeadline(t0, timeoutMs, hint))) return;
       return unconfirmed(master, old, Date.now() - t0);
     },
   };
@@ -238,11 +238,14 @@ function pause(ms: number): Promise<void> {
   return new Promise<void>((r) => setTimeout(r, ms));
 }
 
+/** A wait that ran past its deadline (as opposed to a refusal reported by Nginx). */
+class WaitTimeout extends Error {}
+
 async function waitFor<T>(deadline: number, check: () => Promise<T | undefined>, what: string): Promise<T> {
   for (;;) {
     const v = await check();
     if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    if (Date.now() > deadline) throw new WaitTimeout(`timed out waiting for ${what}`);
     await pause(20);
   }
 }
@@ -380,6 +383,25 @@ export interface ReloadUnconfirmed {
 
 /** A reload's outcome: undefined = every new connection gets the new config. */
 export type ReloadOutcome = void | ReloadUnconfirmed;
+
+/**
+ * What the caller knows of the reload to come: how long `nginx -t` of the same files just
+ * took. The master parses the same files before it starts new workers, so the wait for the
+ * reload is scaled on it: a config of many thousand sites takes longer than any fixed timeout.
+ */
+export interface ReloadHint {
+  testMs?: number;
+}
+
+/** How many times the duration of the test a reload may take before it counts as late. */
+const RELOAD_PER_TEST = 3;
+
+/** The deadline of a reload started at t0: the fixed timeout, or longer when the test was slow. */
+function reloadDeadline(t0: number, timeoutMs: number, hint: ReloadHint | undefined): number {
+  const testMs = hint?.testMs;
+  const scaled = testMs !== undefined && Number.isFinite(testMs) && testMs > 0 ? RELOAD_PER_TEST * testMs : 0;
+  return t0 + Math.max(timeoutMs, scaled);
+}
 
 /** Workers of `master` that still accept connections: not exited, title not "shutting down". */
 async function acceptingWorkers(master: number): Promise<number[]> {
@@ -623,10 +645,10 @@ export class NginxProcess {
    * listening sockets (its title turns to "worker process is shutting down"), so the next
    * connection is served by the new config. Reject with the [emerg] if Nginx refused it.
    */
-  async reload(): Promise<ReloadOutcome> {
+  async reload(hint?: ReloadHint): Promise<ReloadOutcome> {
     const log = this.o.paths.errorLogPath;
     const t0 = Date.now();
-    const deadline = t0 + this.o.timeoutMs;
+    const deadline = reloadDeadline(t0, this.o.timeoutMs, hint);
     let pid: number;
     let offset: number;
     let oldWorkers: number[];
@@ -644,8 +666,11 @@ export class NginxProcess {
         await waitFor(deadline, async () => (this.readyPid !== dead ? true : undefined), 'the exit of nginx to be noticed');
       }
     }
-    // 1. The master took the new config and started its workers, or refused it.
-    await waitFor(
+    // 1. The master took the new config and started its workers, or refused it. Past the
+    //    deadline it may still be parsing the files: they must stay as they are (a rollback
+    //    would delete files it is about to open, fail this reload and start another), so the
+    //    reload is reported unconfirmed, never failed, while the master lives.
+    const took = await waitFor(
       deadline,
       async () => {
         const out = await readFrom(log, offset);
@@ -660,7 +685,18 @@ export class NginxProcess {
         return /start worker process/.test(out) ? true : undefined;
       },
       'nginx to reload',
-    );
+    ).catch(async (err: unknown) => {
+      const master = err instanceof WaitTimeout ? await procEntry(pid) : null;
+      if (!master || master.state === 'Z') throw err;
+      return false;
+    });
+    if (!took) {
+      this.o.onEvent?.({ type: 'reloaded' });
+      return {
+        unconfirmed: `nginx has not finished reading the new config after ${Math.round((Date.now() - t0) / 1000)} s`,
+        settled: () => generationSwitched(pid, oldWorkers),
+      };
+    }
     // 2. No worker of the previous config accepts any more. Past the deadline the new config
     //    is in (no rollback), but not yet what every new connection gets: say so.
     const switched = await untilSwitched(pid, oldWorkers, deadline);

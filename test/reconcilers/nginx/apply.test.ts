@@ -88,6 +88,26 @@ describe('applyFiles on a real Nginx', () => {
     expect((await stat(conf('sites/plain.gw.test.conf'))).mtimeMs).toBe(before.mtimeMs);
   });
 
+  it('tells the reload how long the slowest nginx -t of the same files took', async () => {
+    const hints: (number | undefined)[] = [];
+    const files = new Map(rendered());
+    files.set('sites/hint.gw.test.conf', site('hint.gw.test'));
+    const { result } = await apply(files, {
+      // The sleep is a floor on the measured duration, whatever the machine's load.
+      test: async (c) => {
+        await new Promise((r) => setTimeout(r, 60));
+        return ng.test(c);
+      },
+      reload: async (hint) => {
+        hints.push(hint?.testMs);
+        await ng.reload();
+      },
+    });
+    expect(result).toMatchObject({ applied: ['sites/hint.gw.test.conf'], reloaded: true });
+    expect(hints).toHaveLength(1);
+    expect(hints[0]).toBeGreaterThanOrEqual(50);
+  });
+
   it('holds back a broken site (named by nginx) and applies the others', async () => {
     const files = rendered();
     files.set('sites/a-good.gw.test.conf', site('a-good.gw.test'));

@@ -12,16 +12,32 @@ import {
 
 describe('upstreamName', () => {
   it.each([
-    ['main/llama-8b', 'dstack.main.llama-8b'],
-    ['my_proj/run_1', 'dstack.my_proj.run_1'],
-    ['a/b.c', 'dstack.a.b_c'],
+    ['main/llama-8b', 'ufc32f1ad.main.llama-8b'],
+    ['my_proj/run_1', 'u7ad8eac3.my_proj.run_1'],
+    ['a/b.c', 'uc0620514.a.b_c'],
   ])('%s → %s', (key, want) => expect(upstreamName(key)).toBe(want));
+
+  it('differs in the first characters between runs that share a prefix', () => {
+    const names = Array.from({ length: 1000 }, (_, i) => upstreamName(`project-1/run-${i}`));
+    expect(new Set(names.map((n) => n.slice(0, 5))).size).toBeGreaterThan(900);
+  });
+
+  it('keeps keys apart that read the same once sanitized or truncated', () => {
+    expect(upstreamName('a/b.c')).not.toBe(upstreamName('a/b_c'));
+    const long = 'x'.repeat(100);
+    expect(upstreamName(`p/${long}1`)).not.toBe(upstreamName(`p/${long}2`));
+    expect(upstreamName(`p/${long}1`).length).toBeLessThanOrEqual(1 + 8 + 1 + 64);
+  });
+
+  it('is a valid Nginx upstream name', () => {
+    for (const key of ['main/llama-8b', 'a/b.c', `p/${'é'.repeat(80)}`]) expect(upstreamName(key)).toMatch(/^u[0-9a-f]{8}\.[A-Za-z0-9_.-]+$/);
+  });
 });
 
 describe('zoneName', () => {
   it.each([
-    ['main/llama-8b', 0, '$binary_remote_addr', 'dstack.main.llama-8b.0.binary_remote_addr'],
-    ['main/llama-8b', 2, '$http_x_api_key', 'dstack.main.llama-8b.2.http_x_api_key'],
+    ['main/llama-8b', 0, '$binary_remote_addr', 'ufc32f1ad.main.llama-8b.0.binary_remote_addr'],
+    ['main/llama-8b', 2, '$http_x_api_key', 'ufc32f1ad.main.llama-8b.2.http_x_api_key'],
   ])('%s #%i keyed by %s → %s', (key, i, v, want) => expect(zoneName(key, i, v)).toBe(want));
 });
 

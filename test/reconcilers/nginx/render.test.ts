@@ -127,13 +127,13 @@ describe('service site', () => {
   it('limits body size, rate-limits per prefix with 429', () => {
     expectLines(text, [
       'client_max_body_size 1048576;',
-      'limit_req_zone $binary_remote_addr zone=dstack.main.llama-8b.0.binary_remote_addr:10m rate=10r/s;',
-      'limit_req_zone $binary_remote_addr zone=dstack.main.llama-8b.1.binary_remote_addr:10m rate=150r/m;',
-      'limit_req_zone $http_x_api_key zone=dstack.main.llama-8b.2.http_x_api_key:10m rate=6r/m;',
+      'limit_req_zone $binary_remote_addr zone=ufc32f1ad.main.llama-8b.0.binary_remote_addr:10m rate=10r/s;',
+      'limit_req_zone $binary_remote_addr zone=ufc32f1ad.main.llama-8b.1.binary_remote_addr:10m rate=150r/m;',
+      'limit_req_zone $http_x_api_key zone=ufc32f1ad.main.llama-8b.2.http_x_api_key:10m rate=6r/m;',
       'location / {',
       'location /v1/chat {',
-      'limit_req zone=dstack.main.llama-8b.1.binary_remote_addr burst=5 nodelay;',
-      'limit_req zone=dstack.main.llama-8b.2.http_x_api_key;',
+      'limit_req zone=ufc32f1ad.main.llama-8b.1.binary_remote_addr burst=5 nodelay;',
+      'limit_req zone=ufc32f1ad.main.llama-8b.2.http_x_api_key;',
       'limit_req_status 429;',
     ]);
   });
@@ -153,13 +153,13 @@ describe('service site', () => {
   });
   it('proxies to a keepalive upstream with forwarded and upgrade headers, and flags the hit', () => {
     expectLines(text, [
-      'upstream dstack.main.llama-8b {',
+      'upstream ufc32f1ad.main.llama-8b {',
       'server 127.0.0.1:8001;',
       'keepalive 64;',
       'try_files /nonexistent @dstack_replica;',
       'location @dstack_replica {',
       'set $dstack_replica_hit 1;',
-      'proxy_pass http://dstack.main.llama-8b;',
+      'proxy_pass http://ufc32f1ad.main.llama-8b;',
       'proxy_http_version 1.1;',
       'proxy_set_header Host $host;',
       'proxy_set_header X-Real-IP $remote_addr;',
@@ -192,10 +192,10 @@ describe('service site', () => {
       'limit_req_status 429;',
       'access_log /var/log/dstack-proxy/access.log dstack_stat;',
       'client_max_body_size 1048576;',
-      'limit_req zone=dstack.main.llama-8b.0.binary_remote_addr burst=20 nodelay;',
-      'limit_req zone=dstack.main.llama-8b.1.binary_remote_addr burst=5 nodelay;',
-      'limit_req zone=dstack.main.llama-8b.2.http_x_api_key;',
-      'proxy_pass http://dstack.main.llama-8b;',
+      'limit_req zone=ufc32f1ad.main.llama-8b.0.binary_remote_addr burst=20 nodelay;',
+      'limit_req zone=ufc32f1ad.main.llama-8b.1.binary_remote_addr burst=5 nodelay;',
+      'limit_req zone=ufc32f1ad.main.llama-8b.2.http_x_api_key;',
+      'proxy_pass http://ufc32f1ad.main.llama-8b;',
       'proxy_set_header X-Real-IP $remote_addr;',
       'proxy_set_header X-Forwarded-For $http_x_forwarded_for;',
       'proxy_set_header Authorization "";',
@@ -207,7 +207,7 @@ describe('service site', () => {
     expect(internal).not.toContain('listen 127.0.0.1');
     expect([...locationBlocks(internal).keys()].sort()).toEqual(['/', '/v1/chat', '@dstack_replica']);
     // Every service site has one, proxying to its own upstream or answering 503.
-    expectLines(renderSite(site('plain.gw.test')), [INTERNAL, 'proxy_pass http://dstack.main.plain;']);
+    expectLines(renderSite(site('plain.gw.test')), [INTERNAL, 'proxy_pass http://u6ca26a5a.main.plain;']);
     expectLines(renderSite(site('empty.gw.test')), [INTERNAL, 'default_type application/json;']);
   });
   it('gives try_files a root the workers can enter (the ACME webroot), on both servers', () => {

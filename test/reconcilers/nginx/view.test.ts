@@ -24,13 +24,13 @@ describe('buildViews', () => {
 
   it('uses direct replicas by default and skips SSH replicas; no replica → no upstream', () => {
     const v = buildViews(sampleState(9000), opts);
-    expect(svc(v, 'llama-8b.gw.test').upstream).toEqual({ name: 'dstack.main.llama-8b', servers: ['127.0.0.1:9000'] });
+    expect(svc(v, 'llama-8b.gw.test').upstream).toEqual({ name: 'ufc32f1ad.main.llama-8b', servers: ['127.0.0.1:9000'] });
     expect(svc(v, 'empty.gw.test').upstream).toBeNull();
   });
 
   it('renders a per-service Unix socket when upstreamFor says so', () => {
     const v = buildViews(sampleState(), { ...opts, upstreamFor: (s) => ({ kind: 'socket', path: `/run/dp/${s.run}.sock` }) });
-    expect(svc(v, 'empty.gw.test').upstream).toEqual({ name: 'dstack.main.empty', servers: ['unix:/run/dp/empty.sock'] });
+    expect(svc(v, 'empty.gw.test').upstream).toEqual({ name: 'ud7ac1361.main.empty', servers: ['unix:/run/dp/empty.sock'] });
   });
 
   it('adds TLS only for https sites whose certificate is Ready', () => {
