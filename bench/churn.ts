@@ -49,7 +49,11 @@ function doc(backendPort: number, n: number): unknown {
 }
 
 async function put(apiUrl: string, body: unknown): Promise<void> {
-  const r = await fetch(`${apiUrl}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const r = await fetch(`${apiUrl}/api/v1/state`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   if (!r.ok) throw new Error(`PUT failed: ${r.status} ${(await r.text()).slice(0, 300)}`);
 }
 
@@ -99,7 +103,14 @@ export async function churn(minReloadIntervalMs: number | undefined): Promise<Ch
   const [httpPort, httpsPort] = [await freePort(), await freePort()];
   const gw = await startGateway(
     resolveOptions({
-      flags: { stateDir, apiPort: '0', httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', resyncInterval: '3600' },
+      flags: {
+        stateDir,
+        apiPort: '0',
+        httpPort: String(httpPort),
+        httpsPort: String(httpsPort),
+        listenHost: '127.0.0.1',
+        resyncInterval: '3600',
+      },
     }),
     { logger: pino({ level: 'silent' }), ...(minReloadIntervalMs !== undefined ? { nginxLoop: { minReloadIntervalMs } } : {}) },
   );
@@ -131,7 +142,10 @@ export async function churnRows(): Promise<Row[]> {
   const before = await churn(0);
   const after = await churn(undefined);
   const perReload = (r: ChurnResult) => (r.reloads > 0 ? r.failed / r.reloads : 0);
-  const kinds = (r: ChurnResult) => Object.entries(r.kinds).map(([k, v]) => `${k} ${v}`).join(', ') || 'none';
+  const kinds = (r: ChurnResult) =>
+    Object.entries(r.kinds)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(', ') || 'none';
   return [
     {
       id: 'C1',

@@ -41,7 +41,11 @@ function get(port: number, host: string, agent: http.Agent): Promise<number> {
 
 async function put(apiUrl: string, doc: unknown): Promise<{ ms: number; body: { changed: boolean; generation: number } }> {
   const t = performance.now();
-  const r = await fetch(`${apiUrl}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc) });
+  const r = await fetch(`${apiUrl}/api/v1/state`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(doc),
+  });
   const body = (await r.json()) as { changed: boolean; generation: number };
   if (!r.ok) throw new Error(`PUT failed: ${JSON.stringify(body).slice(0, 300)}`);
   return { ms: performance.now() - t, body };
@@ -133,8 +137,21 @@ export async function gatewayRows(): Promise<Row[]> {
     const after = mtimes(sites);
     const written = [...after].filter(([n, m]) => before.get(n) !== m).length;
     times.sort((a, b) => a - b);
-    rows.push({ id: 'P2', name: `identical PUT of the ${SERVICES}-service document (median of 5)`, value: times[2]!, unit: 'ms', note: 'dstack rejects an identical re-send' });
-    rows.push({ id: 'P2w', name: 'files written / reloads for the identical PUTs', value: written + gw.nginxStats.reloads - reloads1, unit: 'files+reloads', target: '0', ok: written + gw.nginxStats.reloads - reloads1 === 0 });
+    rows.push({
+      id: 'P2',
+      name: `identical PUT of the ${SERVICES}-service document (median of 5)`,
+      value: times[2]!,
+      unit: 'ms',
+      note: 'dstack rejects an identical re-send',
+    });
+    rows.push({
+      id: 'P2w',
+      name: 'files written / reloads for the identical PUTs',
+      value: written + gw.nginxStats.reloads - reloads1,
+      unit: 'files+reloads',
+      target: '0',
+      ok: written + gw.nginxStats.reloads - reloads1 === 0,
+    });
 
     // One service changed inside the 1,000.
     const changed = structuredClone(doc);
@@ -147,7 +164,13 @@ export async function gatewayRows(): Promise<Row[]> {
     const oneReloads = gw.nginxStats.reloads - reloads2;
     const afterOne = mtimes(sites);
     const filesOne = [...afterOne].filter(([n, m]) => after.get(n) !== m).length;
-    rows.push({ id: 'P4', name: `one-service change in ${SERVICES}: PUT → applied and reloaded`, value: oneMs, unit: 'ms', note: `${filesOne} file(s) written` });
+    rows.push({
+      id: 'P4',
+      name: `one-service change in ${SERVICES}: PUT → applied and reloaded`,
+      value: oneMs,
+      unit: 'ms',
+      note: `${filesOne} file(s) written`,
+    });
     rows.push({ id: 'P4r', name: 'reloads for that change', value: oneReloads, unit: 'reloads', target: '1', ok: oneReloads === 1 });
   } finally {
     agent.destroy();

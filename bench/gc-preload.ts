@@ -10,6 +10,13 @@ process.on('SIGUSR2', () => {
   gc?.();
   gc?.();
   const m = process.memoryUsage();
-  const figures = { gc: gc !== undefined, rss: m.rss, heapUsed: m.heapUsed, heapTotal: m.heapTotal, external: m.external, arrayBuffers: m.arrayBuffers };
+  const figures = {
+    gc: gc !== undefined,
+    rss: m.rss,
+    heapUsed: m.heapUsed,
+    heapTotal: m.heapTotal,
+    external: m.external,
+    arrayBuffers: m.arrayBuffers,
+  };
   process.stderr.write(`bench-memory ${JSON.stringify(figures)}\n`);
 });

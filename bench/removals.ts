@@ -54,17 +54,57 @@ export async function removalRows(): Promise<Row[]> {
   // from waiting for the interval.
   const off = await removals(0);
   return [
-    { id: 'R1', name: 'one removal of a service with pooled connections: PUT → its host answers 404', value: r.oneMs / 1000, unit: 's', target: '≤ 1 s', ok: r.oneMs <= 1000, baseline: { name: 'dstack', value: PEER_REMOVAL_S, measured: 'published' } },
-    { id: 'R1a', name: 'a service added in the PUT after that removal: removal PUT → it answers', value: r.addedMs / 1000, unit: 's', target: '≤ 1 s', ok: r.addedMs <= 1000 },
+    {
+      id: 'R1',
+      name: 'one removal of a service with pooled connections: PUT → its host answers 404',
+      value: r.oneMs / 1000,
+      unit: 's',
+      target: '≤ 1 s',
+      ok: r.oneMs <= 1000,
+      baseline: { name: 'dstack', value: PEER_REMOVAL_S, measured: 'published' },
+    },
+    {
+      id: 'R1a',
+      name: 'a service added in the PUT after that removal: removal PUT → it answers',
+      value: r.addedMs / 1000,
+      unit: 's',
+      target: '≤ 1 s',
+      ok: r.addedMs <= 1000,
+    },
     // Each removal needs one reload, and reloads are at least DEFAULT_MIN_RELOAD_INTERVAL_MS
     // apart: a client that waits for each removal before the next cannot go faster than that.
-    { id: 'R100', name: `${REMOVALS} removals one PUT at a time, each waited for`, value: r.hundredS, unit: 's', baseline: { name: 'dstack', value: PEER_REMOVAL_S * REMOVALS, measured: 'published' } },
+    {
+      id: 'R100',
+      name: `${REMOVALS} removals one PUT at a time, each waited for`,
+      value: r.hundredS,
+      unit: 's',
+      baseline: { name: 'dstack', value: PEER_REMOVAL_S * REMOVALS, measured: 'published' },
+    },
     { id: 'R100r', name: `reloads during those ${REMOVALS} removals (at most one per second)`, value: r.reloads, unit: 'reloads' },
     { id: 'R100p', name: `Nginx loop passes during those ${REMOVALS} removals`, value: r.passes, unit: 'passes' },
-    { id: 'R502', name: 'Nginx `connect() to unix:… failed` lines during those removals', value: r.failures, unit: 'lines', target: '0', ok: r.failures === 0 },
-    { id: 'R100-0', name: `${REMOVALS} removals one PUT at a time, reload interval off (a reload per pass)`, value: off.hundredS, unit: 's' },
+    {
+      id: 'R502',
+      name: 'Nginx `connect() to unix:… failed` lines during those removals',
+      value: r.failures,
+      unit: 'lines',
+      target: '0',
+      ok: r.failures === 0,
+    },
+    {
+      id: 'R100-0',
+      name: `${REMOVALS} removals one PUT at a time, reload interval off (a reload per pass)`,
+      value: off.hundredS,
+      unit: 's',
+    },
     { id: 'R100p-0', name: `Nginx loop passes during those ${REMOVALS} removals, reload interval off`, value: off.passes, unit: 'passes' },
-    { id: 'R502-0', name: 'Nginx `connect() to unix:… failed` lines, reload interval off', value: off.failures, unit: 'lines', target: '0', ok: off.failures === 0 },
+    {
+      id: 'R502-0',
+      name: 'Nginx `connect() to unix:… failed` lines, reload interval off',
+      value: off.failures,
+      unit: 'lines',
+      target: '0',
+      ok: off.failures === 0,
+    },
   ];
 }
 
@@ -77,7 +117,14 @@ async function removals(minReloadIntervalMs: number | undefined): Promise<Remova
   const [httpPort, httpsPort] = [await freePort(), await freePort()];
   const gw = await startGateway(
     resolveOptions({
-      flags: { stateDir, apiPort: '0', httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', resyncInterval: '3600' },
+      flags: {
+        stateDir,
+        apiPort: '0',
+        httpPort: String(httpPort),
+        httpsPort: String(httpsPort),
+        listenHost: '127.0.0.1',
+        resyncInterval: '3600',
+      },
     }),
     { logger: pino({ level: 'silent' }), ...(minReloadIntervalMs !== undefined ? { nginxLoop: { minReloadIntervalMs } } : {}) },
   );
@@ -89,15 +136,25 @@ async function removals(minReloadIntervalMs: number | undefined): Promise<Remova
     auth: false,
     replicas: [{ id: `${run}-r0`, appPort: backendPort, direct: { host: '127.0.0.1', port: backendPort } }],
   });
-  const doc = (runs: string[]) => ({ apiVersion: API_VERSION, kind: KIND, spec: { projects: [{ name: 'main' }], services: runs.map(svc) } });
+  const doc = (runs: string[]) => ({
+    apiVersion: API_VERSION,
+    kind: KIND,
+    spec: { projects: [{ name: 'main' }], services: runs.map(svc) },
+  });
   const put = async (runs: string[]) => {
-    const r = await fetch(`${gw.apiUrl}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc(runs)) });
+    const r = await fetch(`${gw.apiUrl}/api/v1/state`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(doc(runs)),
+    });
     if (!r.ok) throw new Error(`PUT failed: ${(await r.text()).slice(0, 300)}`);
   };
   const errorLog = path.join(stateDir, 'nginx', 'logs', 'error.log');
   const connectFailures = (): number => {
     try {
-      return readFileSync(errorLog, 'utf8').split('\n').filter((l) => /connect\(\) to unix:.* failed/.test(l)).length;
+      return readFileSync(errorLog, 'utf8')
+        .split('\n')
+        .filter((l) => /connect\(\) to unix:.* failed/.test(l)).length;
     } catch {
       return 0;
     }

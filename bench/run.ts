@@ -63,7 +63,8 @@ async function main(): Promise<void> {
     return;
   }
   const unknown = args.filter((a) => !SECTIONS.some((s) => s.name === a));
-  if (unknown.length > 0) throw new Error(`unknown bench section(s): ${unknown.join(', ')}; known: ${SECTIONS.map((s) => s.name).join(' ')}`);
+  if (unknown.length > 0)
+    throw new Error(`unknown bench section(s): ${unknown.join(', ')}; known: ${SECTIONS.map((s) => s.name).join(' ')}`);
   const rows: Row[] = [];
   for (const section of SECTIONS) {
     if (args.length > 0 && !args.includes(section.name)) continue;

@@ -129,7 +129,10 @@ async function startChildGateway(stateDir: string): Promise<ChildGateway> {
 function explained(gw: ChildGateway, err: unknown): Error {
   let nginxLog = '';
   try {
-    nginxLog = readFileSync(join(gw.stateDir, 'nginx', 'logs', 'error.log'), 'utf8').split('\n').slice(-15).join('\n');
+    nginxLog = readFileSync(join(gw.stateDir, 'nginx', 'logs', 'error.log'), 'utf8')
+      .split('\n')
+      .slice(-15)
+      .join('\n');
   } catch {
     // No log yet.
   }
@@ -169,7 +172,11 @@ function nginxRss(stateDir: string): { bytes: number; processes: number } {
 }
 
 async function put(gw: ChildGateway, doc: unknown): Promise<{ generation: number; changed: boolean }> {
-  const r = await fetch(`${gw.apiUrl}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc) });
+  const r = await fetch(`${gw.apiUrl}/api/v1/state`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(doc),
+  });
   const text = await r.text();
   if (!r.ok) throw new Error(`PUT failed (${r.status}): ${text.slice(0, 300)}`);
   return JSON.parse(text) as { generation: number; changed: boolean };
@@ -253,7 +260,8 @@ async function checkHosts(httpPort: number, hosts: string[], t0: number, limitMs
   } finally {
     await pool.close();
   }
-  if (done < hosts.length) process.stderr.write(`scale: ${hosts.length - done} host(s) did not answer within ${limitMs} ms, e.g. ${lastMiss.slice(0, 300)}\n`);
+  if (done < hosts.length)
+    process.stderr.write(`scale: ${hosts.length - done} host(s) did not answer within ${limitMs} ms, e.g. ${lastMiss.slice(0, 300)}\n`);
   return { firstMs, allMs: performance.now() - t0, answered: done, misses };
 }
 
@@ -308,7 +316,9 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
     throw explained(gw, err);
   });
   const complete = converged.answered === hosts.length;
-  process.stderr.write(`scale: ${converged.answered} of ${CONVERGE_SERVICES} hosts answered after ${(converged.allMs / 1000).toFixed(1)} s\n`);
+  process.stderr.write(
+    `scale: ${converged.answered} of ${CONVERGE_SERVICES} hosts answered after ${(converged.allMs / 1000).toFixed(1)} s\n`,
+  );
   if (complete) await settle(gw);
   const reloads1 = await reloads(gw);
   const coldReloads = reloads1.reloads - reloads0.reloads;
@@ -339,7 +349,9 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
       ok: complete && s <= 10,
       baseline: { name: 'dstack, 1,000 services', value: PEER_1000_SERVICES_S, measured: 'published' },
       note:
-        (complete ? '' : `NOT CONVERGED: ${converged.answered} of ${CONVERGE_SERVICES} hosts answered within the ${CONVERGE_LIMIT_MS / 1000} s limit; `) +
+        (complete
+          ? ''
+          : `NOT CONVERGED: ${converged.answered} of ${CONVERGE_SERVICES} hosts answered within the ${CONVERGE_LIMIT_MS / 1000} s limit; `) +
         `PUT answered after ${(putMs / 1000).toFixed(1)} s, first host answered ${converged.firstMs < 0 ? 'never' : `after ${(converged.firstMs / 1000).toFixed(1)} s`}; ` +
         `${converged.misses} requests before the hosts answered (retried every ${RETRY_MS} ms, ${CHECK_CONCURRENCY} in flight); ` +
         `dstack: 100 services 34 s (published), 1,000 services extrapolated`,
@@ -357,11 +369,11 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
   ];
   if (!complete) return rows;
   rows.push({
-      id: 'P3xc',
-      name: `checking the ${CONVERGE_SERVICES.toLocaleString('en-US')} hosts on the converged gateway (part of P3x; median of 3)`,
-      value: checkMs / 1000,
-      unit: 's',
-      note: `runs ${checks.map((c) => (c / 1000).toFixed(2)).join(' ')} s; requests that missed (retried) ${checkMisses.join(' ')}`,
+    id: 'P3xc',
+    name: `checking the ${CONVERGE_SERVICES.toLocaleString('en-US')} hosts on the converged gateway (part of P3x; median of 3)`,
+    value: checkMs / 1000,
+    unit: 's',
+    note: `runs ${checks.map((c) => (c / 1000).toFixed(2)).join(' ')} s; requests that missed (retried) ${checkMisses.join(' ')}`,
   });
   return rows;
 }

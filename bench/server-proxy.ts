@@ -77,8 +77,24 @@ export async function serverProxyRows(): Promise<Row[]> {
         entrypoints: [],
         projects: [{ name: 'bench', sshPrivateKey: chain.key.privateKey }],
         services: [
-          { project: 'bench', run: 'direct', https: false, stripPrefix: true, rateLimits: [], ...common, replicas: [{ id: 'd1', appPort, direct: { host: '127.0.0.1', port: appPort } }] },
-          { project: 'bench', run: 'ssh', https: false, stripPrefix: true, rateLimits: [], ...common, replicas: [{ id: 's1', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }] },
+          {
+            project: 'bench',
+            run: 'direct',
+            https: false,
+            stripPrefix: true,
+            rateLimits: [],
+            ...common,
+            replicas: [{ id: 'd1', appPort, direct: { host: '127.0.0.1', port: appPort } }],
+          },
+          {
+            project: 'bench',
+            run: 'ssh',
+            https: false,
+            stripPrefix: true,
+            rateLimits: [],
+            ...common,
+            replicas: [{ id: 's1', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }],
+          },
         ],
       },
     });
@@ -137,7 +153,9 @@ server { listen 127.0.0.1:${nginxSsh}; location / { proxy_pass http://sp_ssh; pr
       const timer = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 20);
       const started = Date.now();
       try {
-        const { stdout } = await run('sh', ['-c', `head -c ${bytes} /dev/zero | curl -s -T - -X POST ${ours('direct')}sink`], { timeout: 300_000 });
+        const { stdout } = await run('sh', ['-c', `head -c ${bytes} /dev/zero | curl -s -T - -X POST ${ours('direct')}sink`], {
+          timeout: 300_000,
+        });
         if (!stdout.includes(`"bytes":${bytes}`)) throw new Error(`upload through the proxy failed: ${stdout}`);
       } finally {
         clearInterval(timer);

@@ -28,7 +28,11 @@ function send(msg: unknown): void {
 
 async function start(m: ChildStart): Promise<void> {
   const loop = createSshLoop({ stateDir: m.stateDir, appHost: '127.0.0.1' });
-  const controller = new Controller({ loops: [loop as unknown as AnyLoop], getSpec: () => ({ state: m.spec, generation: 1 }), logger: pino({ level: 'silent' }) });
+  const controller = new Controller({
+    loops: [loop as unknown as AnyLoop],
+    getSpec: () => ({ state: m.spec, generation: 1 }),
+    logger: pino({ level: 'silent' }),
+  });
   await controller.start();
   const want = m.spec.spec.services.reduce((n, s) => n + s.replicas.length, 0);
   for (;;) {

@@ -130,7 +130,11 @@ function scaleSpec(privateKey: string, port: number, appPort: number, services: 
       clientMaxBodySize: 1024,
       stripPrefix: true,
       rateLimits: [],
-      replicas: Array.from({ length: perService }, (_, r) => ({ id: `r-${s}-${r}`, appPort, ssh: { host: '127.0.0.1', port, user: 'bench' } })),
+      replicas: Array.from({ length: perService }, (_, r) => ({
+        id: `r-${s}-${r}`,
+        appPort,
+        ssh: { host: '127.0.0.1', port, user: 'bench' },
+      })),
     });
   }
   state.spec.services = list;

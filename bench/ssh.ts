@@ -88,7 +88,18 @@ async function p5Rows(): Promise<Row[]> {
     // ssh2: the SSH loop with one replica, in its own process.
     const state: ProxyState = emptyState();
     state.spec.projects = [{ name: 'bench', sshPrivateKey: chain.key.privateKey }];
-    state.spec.services = [{ project: 'bench', run: 'app', https: false, auth: false, clientMaxBodySize: 1024, stripPrefix: true, rateLimits: [], replicas: [{ id: 'r1', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }] }];
+    state.spec.services = [
+      {
+        project: 'bench',
+        run: 'app',
+        https: false,
+        auth: false,
+        clientMaxBodySize: 1024,
+        stripPrefix: true,
+        rateLimits: [],
+        replicas: [{ id: 'r1', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }],
+      },
+    ];
     const stateDir = join(tmp.dir, 'gw');
     tunnels = await startChild(state, stateDir, 30_000);
     const ssh2Sock = new Balancer({ socketDir: join(stateDir, 'sockets') }).socketPathFor('bench/app');
@@ -96,7 +107,26 @@ async function p5Rows(): Promise<Row[]> {
     // OpenSSH: ssh -L <unix socket>:127.0.0.1:<app>, its default cipher (chacha20-poly1305).
     const keyFile = join(tmp.dir, 'ssh', 'client_ed25519');
     const opensshSock = join(tmp.dir, 'openssh.sock');
-    const ssh = spawn('ssh', ['-N', '-o', 'StrictHostKeyChecking=no', '-o', 'UserKnownHostsFile=/dev/null', '-o', 'LogLevel=ERROR', '-i', keyFile, '-p', String(sshd.port), '-L', `${opensshSock}:127.0.0.1:${appPort}`, `${sshd.user}@127.0.0.1`], { stdio: 'ignore' });
+    const ssh = spawn(
+      'ssh',
+      [
+        '-N',
+        '-o',
+        'StrictHostKeyChecking=no',
+        '-o',
+        'UserKnownHostsFile=/dev/null',
+        '-o',
+        'LogLevel=ERROR',
+        '-i',
+        keyFile,
+        '-p',
+        String(sshd.port),
+        '-L',
+        `${opensshSock}:127.0.0.1:${appPort}`,
+        `${sshd.user}@127.0.0.1`,
+      ],
+      { stdio: 'ignore' },
+    );
     procs.push(ssh);
     await eventually(() => (existsSync(opensshSock) ? true : undefined), 20_000);
 
@@ -106,7 +136,15 @@ server {
   listen 127.0.0.1:${port};
   location / { proxy_pass http://u${port}; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
 }`;
-    writeFileSync(join(ng.paths.confDir, 'sites', 'bench-ssh.conf'), [site(nginxKa, ssh2Sock, true), site(nginxNoKa, ssh2Sock, false), site(opensshKa, opensshSock, true), site(opensshNoKa, opensshSock, false)].join('\n'));
+    writeFileSync(
+      join(ng.paths.confDir, 'sites', 'bench-ssh.conf'),
+      [
+        site(nginxKa, ssh2Sock, true),
+        site(nginxNoKa, ssh2Sock, false),
+        site(opensshKa, opensshSock, true),
+        site(opensshNoKa, opensshSock, false),
+      ].join('\n'),
+    );
     await ng.reload();
     await eventually(async () => ((await wrkWarm(`http://127.0.0.1:${nginxKa}/`)) ? true : undefined));
     await eventually(async () => ((await wrkWarm(`http://127.0.0.1:${opensshKa}/`)) ? true : undefined));
@@ -147,7 +185,17 @@ server {
       for (const side of order) down[side].push(await download(`http://127.0.0.1:${side === 'ours' ? nginxKa : opensshKa}/big`));
     }
     const d = { ours: medianOf(down.ours), theirs: medianOf(down.theirs) };
-    rows.push({ id: 'P5c', name: '100 MiB download through nginx → balancer → ssh2', value: Math.round(d.ours), unit: 'MiB/s', target: '≥ 1.0× OpenSSH', ok: d.ours >= d.theirs, better: 'higher', baseline: { name: 'nginx → ssh -L (OpenSSH)', value: Math.round(d.theirs), measured: 'same run' }, note: `medians of ${DOWNLOAD_ROUNDS} alternating rounds` });
+    rows.push({
+      id: 'P5c',
+      name: '100 MiB download through nginx → balancer → ssh2',
+      value: Math.round(d.ours),
+      unit: 'MiB/s',
+      target: '≥ 1.0× OpenSSH',
+      ok: d.ours >= d.theirs,
+      better: 'higher',
+      baseline: { name: 'nginx → ssh -L (OpenSSH)', value: Math.round(d.theirs), measured: 'same run' },
+      note: `medians of ${DOWNLOAD_ROUNDS} alternating rounds`,
+    });
     return rows;
   } finally {
     if (tunnels) await stopChild(tunnels).catch(() => tunnels?.kill('SIGKILL'));

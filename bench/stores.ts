@@ -30,7 +30,13 @@ export async function storeRows(changes = CHANGES): Promise<Row[]> {
   }
   const pgDb = localPostgres();
   if (!pgDb) {
-    rows.push({ id: 'P8p', name: 'generation pickup, PostgreSQL', value: 0, unit: 'ms', note: 'skipped: no PostgreSQL (set DSTACK_PROXY_BENCH_PG)' });
+    rows.push({
+      id: 'P8p',
+      name: 'generation pickup, PostgreSQL',
+      value: 0,
+      unit: 'ms',
+      note: 'skipped: no PostgreSQL (set DSTACK_PROXY_BENCH_PG)',
+    });
     return rows;
   }
   try {
@@ -59,7 +65,8 @@ async function pickup(open: () => Promise<WatchedStateStore>, changes: number): 
       const committed = performance.now();
       const deadline = committed + 10_000;
       while (!seenAt.has(generation)) {
-        if (performance.now() > deadline) throw new Error(`generation ${generation} not seen within 10 s: ${watcher.health().lastError?.message ?? "no error"}`);
+        if (performance.now() > deadline)
+          throw new Error(`generation ${generation} not seen within 10 s: ${watcher.health().lastError?.message ?? 'no error'}`);
         await new Promise<void>((resolve) => {
           wake = resolve;
           setTimeout(resolve, 100);
@@ -99,8 +106,21 @@ function latencyRows(id: string, what: string, times: number[]): Row[] {
   const p50 = percentile(times, 0.5);
   const p99 = percentile(times, 0.99);
   return [
-    { id, name: `generation pickup p50, ${what}: commit → another instance's watcher (${times.length} changes)`, value: round(p50), unit: 'ms' },
-    { id: `${id}99`, name: `generation pickup p99, ${what}`, value: round(p99), unit: 'ms', target: `≤ ${TARGET_MS} ms`, ok: p99 <= TARGET_MS, better: 'lower' },
+    {
+      id,
+      name: `generation pickup p50, ${what}: commit → another instance's watcher (${times.length} changes)`,
+      value: round(p50),
+      unit: 'ms',
+    },
+    {
+      id: `${id}99`,
+      name: `generation pickup p99, ${what}`,
+      value: round(p99),
+      unit: 'ms',
+      target: `≤ ${TARGET_MS} ms`,
+      ok: p99 <= TARGET_MS,
+      better: 'lower',
+    },
   ];
 }
 
@@ -124,10 +144,13 @@ function localPostgres(): { url: string; drop: () => void } | undefined {
     if (Date.now() > deadline) return undefined;
     spawnSync('sleep', ['0.2']);
   }
-  psql("DO \\$\\$BEGIN CREATE ROLE root LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END\\$\\$");
+  psql('DO \\$\\$BEGIN CREATE ROLE root LOGIN SUPERUSER; EXCEPTION WHEN duplicate_object THEN NULL; END\\$\\$');
   const db = `dp_bench_${process.pid}`;
   if (!psql(`CREATE DATABASE ${db} OWNER root`)) return undefined;
-  return { url: `postgres://root@/${db}?host=%2Fvar%2Frun%2Fpostgresql`, drop: () => void psql(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`) };
+  return {
+    url: `postgres://root@/${db}?host=%2Fvar%2Frun%2Fpostgresql`,
+    drop: () => void psql(`DROP DATABASE IF EXISTS ${db} WITH (FORCE)`),
+  };
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {

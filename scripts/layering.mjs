@@ -29,7 +29,8 @@ export const LAYERS = [
   {
     name: 'ground',
     paths: ['src/errors.ts', 'src/clock.ts', 'src/write-atomic.ts', 'src/option-table.ts', 'src/ssh2.ts'],
-    holds: 'the error catalog, the clock and its timers, the one atomic file write, the option table both daemons read, the ssh2 library as the process loads it',
+    holds:
+      'the error catalog, the clock and its timers, the one atomic file write, the option table both daemons read, the ssh2 library as the process loads it',
     mayImport: ['ground'],
   },
   {
@@ -112,8 +113,7 @@ export const LAYERS = [
  * check, so each is deleted when the move that fixes it lands.
  * @type {{ from: string, to: string, why: string }[]}
  */
-export const KNOWN_VIOLATIONS = [
-];
+export const KNOWN_VIOLATIONS = [];
 
 /**
  * Cycles between units that are known and allowed for now, each as the units in it (in any
@@ -122,8 +122,7 @@ export const KNOWN_VIOLATIONS = [
  * wherever it is.
  * @type {{ units: string[], why: string }[]}
  */
-export const KNOWN_CYCLES = [
-];
+export const KNOWN_CYCLES = [];
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 

@@ -45,10 +45,13 @@ export function resolveTable(table: OptionTable, sources: OptionSources): Record
     const env = sources.env?.[envName(name)];
     const file = fromFile[name];
     const [raw, where] =
-      flag !== undefined ? [flag, `--${kebab(name)}`]
-      : env !== undefined ? [env, envName(name)]
-      : file !== undefined ? [file, `${sources.configFile}: ${name}`]
-      : [spec.default, 'default'];
+      flag !== undefined
+        ? [flag, `--${kebab(name)}`]
+        : env !== undefined
+          ? [env, envName(name)]
+          : file !== undefined
+            ? [file, `${sources.configFile}: ${name}`]
+            : [spec.default, 'default'];
     out[name] = raw === undefined ? undefined : coerce(raw, spec, where);
   }
   return out;
@@ -61,7 +64,9 @@ export function parseTableFlags(table: OptionTable, argv: string[]): OptionSourc
     args: argv,
     options: {
       config: { type: 'string' },
-      ...Object.fromEntries(names.map((n) => [kebab(n), { type: table[n]!.kind === 'switch' ? ('boolean' as const) : ('string' as const) }])),
+      ...Object.fromEntries(
+        names.map((n) => [kebab(n), { type: table[n]!.kind === 'switch' ? ('boolean' as const) : ('string' as const) }]),
+      ),
     },
     strict: true,
   });

@@ -52,7 +52,9 @@ export const Client: typeof Ssh2.Client = ssh2.Client;
 interface PacketProtocol {
   _packetRW: { write: { allocStart: number; alloc(n: number): Buffer; finalize(packet: Buffer): Buffer } };
 }
-const utils = createRequire(import.meta.url)('ssh2/lib/protocol/utils.js') as { sendPacket?: (proto: PacketProtocol, packet: Buffer) => boolean };
+const utils = createRequire(import.meta.url)('ssh2/lib/protocol/utils.js') as {
+  sendPacket?: (proto: PacketProtocol, packet: Buffer) => boolean;
+};
 const MSG_IGNORE = 2;
 
 /**

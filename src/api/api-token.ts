@@ -31,7 +31,10 @@ export async function readApiToken(file: string, logger: Logger): Promise<string
   try {
     text = await readFile(file, 'utf8');
   } catch (err) {
-    throw new ProxyError('DP_ERR_BAD_OPTION', `cannot read --api-token-file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      `cannot read --api-token-file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`,
+    );
   }
   const token = text.trim();
   if (token.length < 16) throw new ProxyError('DP_ERR_BAD_OPTION', `--api-token-file ${file}: the token must be at least 16 characters`);

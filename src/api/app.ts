@@ -50,19 +50,20 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   if (options.management !== false) await app.register(stateRoutes, { runtime, guard });
   for (const register of options.routes ?? []) await register(app, guard);
 
-  if (options.management !== false) app.get('/api/v1/status', { onRequest: guard }, async () => {
-    const current = await runtime.store.read();
-    const snapshot = runtime.status();
-    return {
-      generation: current.generation,
-      hash: current.hash,
-      ready: runtime.isReady(),
-      // The newest generation every loop has acted on, not just the one stored.
-      observedGeneration: snapshot.observedGeneration ?? snapshot.generation,
-      ...options.statusExtra?.(),
-      loops: snapshot.loops,
-    };
-  });
+  if (options.management !== false)
+    app.get('/api/v1/status', { onRequest: guard }, async () => {
+      const current = await runtime.store.read();
+      const snapshot = runtime.status();
+      return {
+        generation: current.generation,
+        hash: current.hash,
+        ready: runtime.isReady(),
+        // The newest generation every loop has acted on, not just the one stored.
+        observedGeneration: snapshot.observedGeneration ?? snapshot.generation,
+        ...options.statusExtra?.(),
+        loops: snapshot.loops,
+      };
+    });
   app.get('/healthz', async () => ({ status: 'ok' }));
   app.get('/readyz', async (_request, reply) => {
     if (runtime.isReady()) return { status: 'ready' };

@@ -76,13 +76,24 @@ export function createMetrics(sources: MetricsSources = {}, opts: { defaultMetri
       });
     }
   }
-  const family = (type: MetricFamily['type'], name: string, help: string, labelNames: readonly string[], read: () => Promise<MetricSample[]>): void =>
-    pulled({ name, help, type, labelNames, read });
+  const family = (
+    type: MetricFamily['type'],
+    name: string,
+    help: string,
+    labelNames: readonly string[],
+    read: () => Promise<MetricSample[]>,
+  ): void => pulled({ name, help, type, labelNames, read });
 
   const loops = async () => Object.entries(sources.loops?.() ?? {});
-  family('counter', 'reconcile_passes_total', 'Reconcile passes per loop.', ['loop'], async () => (await loops()).map(([loop, c]) => [{ loop }, c.passes]));
-  family('counter', 'reconcile_errors_total', 'Failed passes plus failed actions per loop.', ['loop'], async () => (await loops()).map(([loop, c]) => [{ loop }, c.errors]));
-  family('counter', 'reconcile_actions_applied_total', 'Actions applied per loop.', ['loop'], async () => (await loops()).map(([loop, c]) => [{ loop }, c.actionsApplied]));
+  family('counter', 'reconcile_passes_total', 'Reconcile passes per loop.', ['loop'], async () =>
+    (await loops()).map(([loop, c]) => [{ loop }, c.passes]),
+  );
+  family('counter', 'reconcile_errors_total', 'Failed passes plus failed actions per loop.', ['loop'], async () =>
+    (await loops()).map(([loop, c]) => [{ loop }, c.errors]),
+  );
+  family('counter', 'reconcile_actions_applied_total', 'Actions applied per loop.', ['loop'], async () =>
+    (await loops()).map(([loop, c]) => [{ loop }, c.actionsApplied]),
+  );
   family('gauge', 'reconcile_last_pass_duration_seconds', 'Duration of the last reconcile pass per loop.', ['loop'], async () =>
     (await loops()).map(([loop, c]) => [{ loop }, c.lastPassDurationMs / 1000]),
   );
@@ -93,8 +104,12 @@ export function createMetrics(sources: MetricsSources = {}, opts: { defaultMetri
   });
 
   const services = async () => (sources.services ? await sources.services() : []);
-  family('counter', 'service_requests_total', 'Requests that reached a service (access log, replica hits only).', ['project', 'run'], async () =>
-    (await services()).map((s) => [{ project: s.project, run: s.run }, s.requests]),
+  family(
+    'counter',
+    'service_requests_total',
+    'Requests that reached a service (access log, replica hits only).',
+    ['project', 'run'],
+    async () => (await services()).map((s) => [{ project: s.project, run: s.run }, s.requests]),
   );
   family('counter', 'service_request_duration_seconds_total', 'Sum of request times of those requests.', ['project', 'run'], async () =>
     (await services()).map((s) => [{ project: s.project, run: s.run }, s.requestTimeSeconds]),
@@ -104,10 +119,34 @@ export function createMetrics(sources: MetricsSources = {}, opts: { defaultMetri
     const a = sources.accessLog?.();
     return a ? [[{}, pick(a)]] : [];
   };
-  family('counter', 'access_log_lines_total', 'Access-log lines read.', [], log((a) => a.lines));
-  family('counter', 'access_log_skipped_lines_total', 'Access-log lines skipped as malformed.', [], log((a) => a.skipped));
-  family('counter', 'access_log_rotations_total', 'Access-log rotations noticed.', [], log((a) => a.rotations));
-  family('counter', 'access_log_truncations_total', 'Access-log truncations noticed.', [], log((a) => a.truncations));
+  family(
+    'counter',
+    'access_log_lines_total',
+    'Access-log lines read.',
+    [],
+    log((a) => a.lines),
+  );
+  family(
+    'counter',
+    'access_log_skipped_lines_total',
+    'Access-log lines skipped as malformed.',
+    [],
+    log((a) => a.skipped),
+  );
+  family(
+    'counter',
+    'access_log_rotations_total',
+    'Access-log rotations noticed.',
+    [],
+    log((a) => a.rotations),
+  );
+  family(
+    'counter',
+    'access_log_truncations_total',
+    'Access-log truncations noticed.',
+    [],
+    log((a) => a.truncations),
+  );
 
   for (const f of sources.families ?? []) pulled(f);
 

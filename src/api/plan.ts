@@ -13,7 +13,10 @@ export async function planFromController(
   const actions = await controller.dryRun(next);
   const loops: Record<string, LoopPlan> = {};
   for (const [name, list] of Object.entries(actions)) {
-    const extra = notes(name, list.map((a) => a.kind));
+    const extra = notes(
+      name,
+      list.map((a) => a.kind),
+    );
     loops[name] = {
       actions: list.map((a) => ({ key: a.key, kind: a.kind, summary: a.summary, ...(a.diff ? { diff: a.diff } : {}) })),
       ...(extra ? { notes: extra } : {}),

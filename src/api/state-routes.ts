@@ -51,12 +51,22 @@ export async function stateRoutes(app: FastifyInstance, { runtime, guard }: Stat
     // What each loop would do (its observe and plan, Nginx diffs included) is what a dry run
     // is for. An applying PUT answers with the document's changes alone: the pass that follows
     // observes and plans once, and status shows what it did.
-    if (dryRun) return { generation: current.generation, hash: current.hash, changed: !same, dryRun: true, plan: await runtime.plan(next, current.state) };
+    if (dryRun)
+      return {
+        generation: current.generation,
+        hash: current.hash,
+        changed: !same,
+        dryRun: true,
+        plan: await runtime.plan(next, current.state),
+      };
     const plan: Plan = { document: diffSpecs(current.state, next), loops: {} };
     const result = await runtime.store.write(next, ifMatch === undefined ? {} : { ifMatch });
     // The store's watch has already handed the new generation to the loops.
     if (result.changed) {
-      request.log.info({ generation: result.generation, hash: result.hash, changes: plan.document.changes.length }, 'new generation stored');
+      request.log.info(
+        { generation: result.generation, hash: result.hash, changes: plan.document.changes.length },
+        'new generation stored',
+      );
     }
     return { generation: result.generation, hash: result.hash, changed: result.changed, plan };
   });
@@ -97,7 +107,10 @@ function parseAndValidate(text: string, format: DocumentFormat): ProxyState {
 /** `If-Match: 3`, `"3"` or `W/"3"` → 3. */
 export function parseIfMatch(header: string | string[] | undefined): number | undefined {
   if (header === undefined) return undefined;
-  const value = (Array.isArray(header) ? header[0] : header)?.trim().replace(/^W\//, '').replace(/^"(.*)"$/, '$1');
+  const value = (Array.isArray(header) ? header[0] : header)
+    ?.trim()
+    .replace(/^W\//, '')
+    .replace(/^"(.*)"$/, '$1');
   if (value === undefined || !/^\d{1,15}$/.test(value)) {
     throw new ProxyError('DP_ERR_BAD_IF_MATCH', `If-Match must be a generation number; got ${JSON.stringify(header)}`);
   }

@@ -54,10 +54,12 @@ Exit codes: 0 applied and converged (or no changes), 1 rejected, failed or timed
         strict: true,
       });
       const timeoutMs = parseDuration(values.timeout);
-      if (timeoutMs === null) throw new UsageError(`--timeout must be a duration like 120s, 2m or 500ms; got ${JSON.stringify(values.timeout)}`);
+      if (timeoutMs === null)
+        throw new UsageError(`--timeout must be a duration like 120s, 2m or 500ms; got ${JSON.stringify(values.timeout)}`);
       let ifMatch: number | undefined;
       if (values['if-match'] !== undefined) {
-        if (!/^\d{1,15}$/.test(values['if-match'])) throw new UsageError(`--if-match must be a generation number; got ${JSON.stringify(values['if-match'])}`);
+        if (!/^\d{1,15}$/.test(values['if-match']))
+          throw new UsageError(`--if-match must be a generation number; got ${JSON.stringify(values['if-match'])}`);
         ifMatch = Number(values['if-match']);
       }
       const doc = await readDocumentArg(values.file, io);
@@ -114,7 +116,9 @@ export async function waitForConvergence(
       return 0;
     }
     if (opts.now() >= deadline) {
-      io.stderr(`timed out after ${(timeoutMs / 1000).toFixed(1)}s waiting for generation ${generation}; not ready:\n${a.pending.map((f) => `  ${f}\n`).join('')}`);
+      io.stderr(
+        `timed out after ${(timeoutMs / 1000).toFixed(1)}s waiting for generation ${generation}; not ready:\n${a.pending.map((f) => `  ${f}\n`).join('')}`,
+      );
       return 1;
     }
     await sleep(Math.min(opts.pollIntervalMs, Math.max(0, deadline - opts.now())));

@@ -125,7 +125,12 @@ function createClient(base: URL, token: string | undefined): Client {
     const url = `${origin}${path}`;
     let res: Awaited<ReturnType<typeof request>>;
     try {
-      res = await request(url, { method, headers: { accept: 'application/json', ...auth, ...headers }, body: body ?? null, dispatcher: agent });
+      res = await request(url, {
+        method,
+        headers: { accept: 'application/json', ...auth, ...headers },
+        body: body ?? null,
+        dispatcher: agent,
+      });
     } catch (err) {
       throw new ClientError(connectionMessage(err, origin));
     }
@@ -146,7 +151,10 @@ function createClient(base: URL, token: string | undefined): Client {
       call<PutStateResponse>(
         'PUT',
         `/api/v1/state${o.dryRun ? '?dryRun=true' : ''}`,
-        { 'content-type': o.yaml ? 'application/yaml' : 'application/json', ...(o.ifMatch === undefined ? {} : { 'if-match': String(o.ifMatch) }) },
+        {
+          'content-type': o.yaml ? 'application/yaml' : 'application/json',
+          ...(o.ifMatch === undefined ? {} : { 'if-match': String(o.ifMatch) }),
+        },
         body,
       ),
     status: () => call<StatusResponse>('GET', '/api/v1/status', {}),
@@ -181,6 +189,7 @@ function errorFromBody(status: number, data: unknown, sentToken: boolean): Clien
     ? body.errors.filter((i): i is SpecIssue => typeof i === 'object' && i !== null && typeof (i as SpecIssue).message === 'string')
     : [];
   let text = `${message}${code ? ` (${code}, HTTP ${status})` : ` (HTTP ${status})`}`;
-  if (status === 401) text += sentToken ? '; the token in --token-file was refused' : '; pass --token-file FILE (or DSTACK_PROXY_TOKEN_FILE)';
+  if (status === 401)
+    text += sentToken ? '; the token in --token-file was refused' : '; pass --token-file FILE (or DSTACK_PROXY_TOKEN_FILE)';
   return new ClientError(text, { status, ...(code ? { code } : {}), issues });
 }

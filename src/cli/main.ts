@@ -48,4 +48,3 @@ export async function main(argv: string[], io: Io): Promise<number> {
     return 1;
   }
 }
-

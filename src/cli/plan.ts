@@ -76,10 +76,18 @@ export function renderPlan(res: PutStateResponse, io: Io): string {
   out.push(`  ${document.added} to add, ${document.changed} to change, ${document.removed} to remove`);
 
   for (const [name, loop] of Object.entries(loops)) {
-    out.push('', p.bold(`${name}: ${loop.actions.length === 0 ? 'nothing to do' : plural(loop.actions.length, 'action')}${notes(loop.notes)}`));
+    out.push(
+      '',
+      p.bold(`${name}: ${loop.actions.length === 0 ? 'nothing to do' : plural(loop.actions.length, 'action')}${notes(loop.notes)}`),
+    );
     for (const a of loop.actions) {
       out.push(`  ${symbol(a.kind, p)} ${a.summary}`);
-      if (a.diff) out.push(...colourDiff(a.diff.replace(/\n$/, ''), p).split('\n').map((l) => `    ${l}`));
+      if (a.diff)
+        out.push(
+          ...colourDiff(a.diff.replace(/\n$/, ''), p)
+            .split('\n')
+            .map((l) => `    ${l}`),
+        );
     }
   }
   return `${out.join('\n')}\n`;
@@ -89,11 +97,13 @@ function changeLines(c: ObjectChange, p: Paint): string[] {
   const head = `  ${symbol(c.op, p)} ${c.kind} ${c.key}`;
   const lines = [c.op === 'added' ? p.green(head) : c.op === 'removed' ? p.red(head) : p.yellow(head)];
   for (const f of c.fields ?? []) {
-    const value =
-      f.secret ? '<redacted> (changed)'
-      : f.old === undefined ? `${showValue(f.new)} (added)`
-      : f.new === undefined ? `${showValue(f.old)} (removed)`
-      : `${showValue(f.old)} → ${showValue(f.new)}`;
+    const value = f.secret
+      ? '<redacted> (changed)'
+      : f.old === undefined
+        ? `${showValue(f.new)} (added)`
+        : f.new === undefined
+          ? `${showValue(f.old)} (removed)`
+          : `${showValue(f.old)} → ${showValue(f.new)}`;
     lines.push(`      ${f.field}: ${value}`);
   }
   return lines;

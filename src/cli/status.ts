@@ -42,7 +42,8 @@ export function assess(s: StatusResponse, generation: number): Assessment {
   const pending: string[] = [];
   const loops: LoopProgress[] = [];
   if (!s.ready) pending.push('the gateway has not finished its first reconcile pass');
-  if (s.observedGeneration < generation) pending.push(`the controller has not picked up generation ${generation} yet (at ${s.observedGeneration})`);
+  if (s.observedGeneration < generation)
+    pending.push(`the controller has not picked up generation ${generation} yet (at ${s.observedGeneration})`);
 
   for (const [name, loop] of Object.entries(s.loops)) {
     const ready = find(loop.conditions, 'Ready');
@@ -154,7 +155,14 @@ function loopRows(name: string, loop: LoopStatus, opts: { now: number; wide: boo
     const ready = find(conditions, 'Ready');
     const degraded = find(conditions, 'Degraded');
     // Serving an old version while the new one is rejected: show why, not just "True".
-    rows.push(row(key, degraded?.status === 'True' && ready?.status === 'True' ? { ...degraded, status: 'True', reason: `${ready.reason}/${degraded.reason}` } : ready));
+    rows.push(
+      row(
+        key,
+        degraded?.status === 'True' && ready?.status === 'True'
+          ? { ...degraded, status: 'True', reason: `${ready.reason}/${degraded.reason}` }
+          : ready,
+      ),
+    );
   }
   return rows;
 }

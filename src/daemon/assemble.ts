@@ -133,7 +133,9 @@ export async function assemble(profile: Profile): Promise<Daemon> {
         current = next;
         logger.info({ generation: next.generation, hash: next.hash }, 'serving a new generation');
         ctl.notify();
-        profile.onGeneration?.(next).catch((err: unknown) => logger.error({ err, generation: next.generation }, 'a new generation could not be recorded'));
+        profile
+          .onGeneration?.(next)
+          .catch((err: unknown) => logger.error({ err, generation: next.generation }, 'a new generation could not be recorded'));
       }),
     );
     // An edit between the first read and the watch: reading again reports it to the listener.

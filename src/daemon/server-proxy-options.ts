@@ -24,18 +24,51 @@ export interface ServerProxyFlags {
 
 export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpec> = {
   db: { kind: 'string', default: undefined, help: 'required: `sqlite:PATH`, `postgres://user@host/db`, or a state directory (state.json)' },
-  host: { kind: 'string', default: '127.0.0.1', help: 'address of the proxy\'s listener (`/proxy/services/`, `/proxy/models/`, `/healthz`, `/readyz`, and the management routes unless --api-port moves them)' },
+  host: {
+    kind: 'string',
+    default: '127.0.0.1',
+    help: "address of the proxy's listener (`/proxy/services/`, `/proxy/models/`, `/healthz`, `/readyz`, and the management routes unless --api-port moves them)",
+  },
   port: { kind: 'port', default: 8080, help: 'its port, 0 for any' },
-  serverUrl: { kind: 'string', default: undefined, help: 'control server for auth: true services, `http(s)://…` or `unix:/path` (POST /api/projects/<p>/get, answers cached 60 s, fail closed); without it they are refused' },
-  stateDir: { kind: 'string', default: undefined, help: 'balancer sockets and scratch files; default a temporary directory, removed at exit' },
-  apiTokenFile: { kind: 'string', default: undefined, help: 'file holding a token (at least 16 characters) that /api/v1/state, /api/v1/status and /api/stats/collect require as `Authorization: Bearer`' },
-  apiPort: { kind: 'port', default: undefined, help: "serve those management routes on a listener of their own at --api-host:--api-port (0 for any); --port's listener then answers them 404" },
+  serverUrl: {
+    kind: 'string',
+    default: undefined,
+    help: 'control server for auth: true services, `http(s)://…` or `unix:/path` (POST /api/projects/<p>/get, answers cached 60 s, fail closed); without it they are refused',
+  },
+  stateDir: {
+    kind: 'string',
+    default: undefined,
+    help: 'balancer sockets and scratch files; default a temporary directory, removed at exit',
+  },
+  apiTokenFile: {
+    kind: 'string',
+    default: undefined,
+    help: 'file holding a token (at least 16 characters) that /api/v1/state, /api/v1/status and /api/stats/collect require as `Authorization: Bearer`',
+  },
+  apiPort: {
+    kind: 'port',
+    default: undefined,
+    help: "serve those management routes on a listener of their own at --api-host:--api-port (0 for any); --port's listener then answers them 404",
+  },
   apiHost: { kind: 'string', default: undefined, help: 'address of the --api-port listener (only with --api-port); default 127.0.0.1' },
-  insecureOpenApi: { kind: 'switch', default: false, help: 'allow the management routes without --api-token-file on a non-loopback address; without it such a start is refused with DP_ERR_OPEN_API' },
+  insecureOpenApi: {
+    kind: 'switch',
+    default: false,
+    help: 'allow the management routes without --api-token-file on a non-loopback address; without it such a start is refused with DP_ERR_OPEN_API',
+  },
   connectTimeout: { kind: 'seconds', default: 10, help: 'seconds to open a connection to a replica, then 504' },
-  readTimeout: { kind: 'seconds', default: 300, help: "seconds to wait for the replica's headers / between body chunks, then 504; a WebSocket with no traffic either way for this long is closed" },
+  readTimeout: {
+    kind: 'seconds',
+    default: 300,
+    help: "seconds to wait for the replica's headers / between body chunks, then 504; a WebSocket with no traffic either way for this long is closed",
+  },
   resyncInterval: { kind: 'seconds', default: 60, help: 'seconds between periodic passes that repair drift (tunnels)' },
-  logLevel: { kind: 'enum', values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'], default: 'info', help: 'JSON log level' },
+  logLevel: {
+    kind: 'enum',
+    values: ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'],
+    default: 'info',
+    help: 'JSON log level',
+  },
 };
 
 export function resolveServerProxyOptions(sources: OptionSources): ServerProxyServerOptions {

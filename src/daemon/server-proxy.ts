@@ -64,7 +64,10 @@ export interface ServerProxyServerOptions {
 }
 
 /** Mount point for routes that need the same state, auth and connections (the model API). */
-export type ExtraRoutes = (app: FastifyInstance, ctx: { getState: () => ProxyState; authorize: Authorize; connect: ConnectFn }) => Promise<void>;
+export type ExtraRoutes = (
+  app: FastifyInstance,
+  ctx: { getState: () => ProxyState; authorize: Authorize; connect: ConnectFn },
+) => Promise<void>;
 
 export interface ServerProxyDeps {
   logger?: Logger;
@@ -110,7 +113,8 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     ...clock,
     ...(o.resyncIntervalMs ? { resyncIntervalMs: o.resyncIntervalMs } : {}),
     async preflight() {
-      if (o.apiHost !== undefined && !separate) throw new ProxyError('DP_ERR_BAD_OPTION', '--api-host needs --api-port (management on its own listener)');
+      if (o.apiHost !== undefined && !separate)
+        throw new ProxyError('DP_ERR_BAD_OPTION', '--api-host needs --api-port (management on its own listener)');
       apiToken = o.apiTokenFile ? await readApiToken(o.apiTokenFile, logger) : undefined;
       await checkManagementExposure(
         {
@@ -138,17 +142,29 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
       return [ssh];
     },
     async listeners(d) {
-      const auth = o.serverUrl ? createControlServerAuth({ serverUrl: o.serverUrl, logger: logger.child({ component: 'auth' }), ...clock }) : noServerAuth;
+      const auth = o.serverUrl
+        ? createControlServerAuth({ serverUrl: o.serverUrl, logger: logger.child({ component: 'auth' }), ...clock })
+        : noServerAuth;
       d.defer(() => auth.close());
       const authorize: Authorize = deps.authorize ?? ((project, token) => auth.check(project, token));
       const connect = balancerConnect(ssh);
       const models = connectForwarder(connect);
       d.defer(() => models.close());
       const getState = (): ProxyState => d.current().state;
-      const timeouts = { ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}), ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}) };
+      const timeouts = {
+        ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
+        ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
+      };
       const proxyRoutes: RouteModule[] = [
         async (a) => {
-          proxy = await registerServerProxy(a, { getState, connect, authorize, logger: logger.child({ component: 'proxy' }), ...timeouts, ...clock });
+          proxy = await registerServerProxy(a, {
+            getState,
+            connect,
+            authorize,
+            logger: logger.child({ component: 'proxy' }),
+            ...timeouts,
+            ...clock,
+          });
         },
         async (a) =>
           registerModelApi(a, {
@@ -172,7 +188,8 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     },
     // Tunnels opening: /readyz says so until the first pass is done.
     readyWhen: 'done',
-    ready: (d, [url, apiUrl = url]) => logger.info({ url, apiUrl, db: redactStoreUrl(o.db), generation: d.current().generation }, 'server proxy listening'),
+    ready: (d, [url, apiUrl = url]) =>
+      logger.info({ url, apiUrl, db: redactStoreUrl(o.db), generation: d.current().generation }, 'server proxy listening'),
   });
   const [app, apiApp = app] = daemon.apps as [FastifyInstance, FastifyInstance?];
   const [url, apiUrl = url] = daemon.urls as [string, string?];

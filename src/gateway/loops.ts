@@ -28,7 +28,12 @@ export interface GatewayLoops {
   view: NginxLoopOptions['view'];
 }
 
-export function gatewayLoops(options: GatewayOptions, host: GatewayHost, currentGeneration: () => number, deps: GatewayLoopDeps): GatewayLoops {
+export function gatewayLoops(
+  options: GatewayOptions,
+  host: GatewayHost,
+  currentGeneration: () => number,
+  deps: GatewayLoopDeps,
+): GatewayLoops {
   const { stateDir, workerDirs } = host;
   const view: NginxLoopOptions['view'] = {
     httpPort: options.httpPort,

@@ -42,7 +42,11 @@ export async function prepareGatewayHost(options: GatewayOptions, logger: Logger
   const stateDir = resolve(options.stateDir);
   const switchesUser = options.nginx === 'system' || process.getuid?.() === 0;
   const worker = switchesUser ? await lookupUser(options.nginxUser) : null;
-  const workerDirs = await prepareWorkerDirs(options.nginxWorkerDir ? resolve(options.nginxWorkerDir) : `${stateDir}-nginx`, worker, logger);
+  const workerDirs = await prepareWorkerDirs(
+    options.nginxWorkerDir ? resolve(options.nginxWorkerDir) : `${stateDir}-nginx`,
+    worker,
+    logger,
+  );
   const logsDir = join(stateDir, 'logs');
   await mkdir(logsDir, { recursive: true });
   // The model API's way into Nginx: a Unix socket only the gateway's user can reach.
@@ -64,7 +68,8 @@ export async function prepareGatewayHost(options: GatewayOptions, logger: Logger
       nginxBin: options.nginxBin,
       logger: logger.child({ component: 'nginx' }),
       onEvent: (e) => {
-        if ((e.type === 'exited' && !e.expected) || e.type === 'restart-failed' || (e.type === 'started' && nginx.info.lastExit)) onMasterEvent();
+        if ((e.type === 'exited' && !e.expected) || e.type === 'restart-failed' || (e.type === 'started' && nginx.info.lastExit))
+          onMasterEvent();
       },
     });
     return {

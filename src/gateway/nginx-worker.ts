@@ -36,7 +36,8 @@ const defaultLookup: IdLookup = async (args) => (await execa('id', args)).stdout
 
 /** uid, gid and groups of `user` (through NSS, as Nginx resolves it). */
 export async function lookupUser(user: string, lookup: IdLookup = defaultLookup): Promise<WorkerIdentity> {
-  if (!/^[A-Za-z0-9_][A-Za-z0-9_.-]*$/.test(user)) throw new ProxyError('DP_ERR_BAD_OPTION', `--nginx-user: not a user name: ${JSON.stringify(user)}`);
+  if (!/^[A-Za-z0-9_][A-Za-z0-9_.-]*$/.test(user))
+    throw new ProxyError('DP_ERR_BAD_OPTION', `--nginx-user: not a user name: ${JSON.stringify(user)}`);
   let out: [string, string, string];
   try {
     out = [await lookup(['-u', user]), await lookup(['-g', user]), await lookup(['-G', user])];
@@ -45,7 +46,11 @@ export async function lookupUser(user: string, lookup: IdLookup = defaultLookup)
   }
   const [uid, gid] = [Number(out[0]), Number(out[1])];
   if (!Number.isInteger(uid) || !Number.isInteger(gid)) throw new ProxyError('DP_ERR_BAD_OPTION', `--nginx-user: cannot resolve ${user}`);
-  if (uid === 0) throw new ProxyError('DP_ERR_BAD_OPTION', `--nginx-user ${user} is root: Nginx workers face the internet and must run as an unprivileged user`);
+  if (uid === 0)
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      `--nginx-user ${user} is root: Nginx workers face the internet and must run as an unprivileged user`,
+    );
   return { user, uid, gid, groups: out[2].split(/\s+/).filter(Boolean).map(Number) };
 }
 
@@ -101,7 +106,10 @@ export async function prepareWorkerDirs(dir: string, who: WorkerIdentity | null,
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EPERM') throw err;
       // Not root and not in the worker's group: keep the dirs our own and say what breaks.
-      logger?.warn({ dir, user: who!.user }, `cannot give group ${who!.user} the Nginx worker dir (not root?): its workers will get EACCES on the balancer sockets and the ACME webroot`);
+      logger?.warn(
+        { dir, user: who!.user },
+        `cannot give group ${who!.user} the Nginx worker dir (not root?): its workers will get EACCES on the balancer sockets and the ACME webroot`,
+      );
       gid = null;
     }
   }

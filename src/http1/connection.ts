@@ -45,7 +45,9 @@ export class Exchange implements Http1Exchange {
   /** May go out again on another connection: idempotent, and the body (if any) can be re-sent. */
   get replayable(): boolean {
     const b = this.req.body;
-    return !this.retried && IDEMPOTENT.has(this.req.method) && (b === null || b === undefined || typeof b === 'string' || Buffer.isBuffer(b));
+    return (
+      !this.retried && IDEMPOTENT.has(this.req.method) && (b === null || b === undefined || typeof b === 'string' || Buffer.isBuffer(b))
+    );
   }
 
   abort(reason: Error = new Http1Error('DP_HTTP1_ABORTED', 'the request was aborted')): void {
@@ -244,7 +246,11 @@ export class Http1Connection implements ResponseSink {
     const err =
       cause !== null && 'code' in cause && typeof cause.code === 'string' && cause.code.startsWith('DP_HTTP1_')
         ? cause
-        : new Http1Error('DP_HTTP1_CLOSED', cause ? `the connection to the replica failed: ${cause.message}` : 'the replica closed the connection', { cause });
+        : new Http1Error(
+            'DP_HTTP1_CLOSED',
+            cause ? `the connection to the replica failed: ${cause.message}` : 'the replica closed the connection',
+            { cause },
+          );
     this.#owner.closed(this, ex !== null && !ex.finished ? ex : null, err);
   }
 
@@ -258,7 +264,8 @@ export class Http1Connection implements ResponseSink {
 /** The request head, or the reason it cannot be sent. */
 function requestHead(req: Http1Request, defaultHost: string): string | Http1Error {
   const check = req.validated !== true;
-  if (check && (!TOKEN.test(req.method) || BAD_TARGET.test(req.path))) return new Http1Error('DP_HTTP1_BAD_REQUEST', 'invalid method or request target');
+  if (check && (!TOKEN.test(req.method) || BAD_TARGET.test(req.path)))
+    return new Http1Error('DP_HTTP1_BAD_REQUEST', 'invalid method or request target');
   let head = `${req.method} ${req.path} HTTP/1.1\r\n`;
   let host = false;
   let length = false;
@@ -269,7 +276,8 @@ function requestHead(req: Http1Request, defaultHost: string): string | Http1Erro
     const n = name.length;
     if (n === 4 && name.toLowerCase() === 'host') host = true;
     else if (n === 14 && name.toLowerCase() === 'content-length') length = true;
-    if (check && (!TOKEN.test(name) || BAD_VALUE.test(value))) return new Http1Error('DP_HTTP1_BAD_REQUEST', `invalid request header ${JSON.stringify(name)}`);
+    if (check && (!TOKEN.test(name) || BAD_VALUE.test(value)))
+      return new Http1Error('DP_HTTP1_BAD_REQUEST', `invalid request header ${JSON.stringify(name)}`);
     head += `${name}: ${value}\r\n`;
   }
   if (!host) head += `Host: ${defaultHost}\r\n`;
@@ -343,7 +351,8 @@ class BodyWriter {
       ok = socket.write('\r\n', 'latin1');
       socket.uncork();
     } else {
-      if (this.#sent > this.length) return this.#fail(new Http1Error('DP_HTTP1_BODY_LENGTH', `the request body is longer than its Content-Length ${this.length}`));
+      if (this.#sent > this.length)
+        return this.#fail(new Http1Error('DP_HTTP1_BODY_LENGTH', `the request body is longer than its Content-Length ${this.length}`));
       ok = socket.write(data);
     }
     if (!ok) {
@@ -359,7 +368,8 @@ class BodyWriter {
   readonly #onEnd = (): void => {
     if (this.#done) return;
     if (this.length === -1) this.conn.socket.write('0\r\n\r\n', 'latin1');
-    else if (this.#sent !== this.length) return this.#fail(new Http1Error('DP_HTTP1_BODY_LENGTH', `the request body is shorter than its Content-Length ${this.length}`));
+    else if (this.#sent !== this.length)
+      return this.#fail(new Http1Error('DP_HTTP1_BODY_LENGTH', `the request body is shorter than its Content-Length ${this.length}`));
     this.stop();
     this.conn.bodySent();
   };

@@ -186,7 +186,9 @@ export class ResponseParser {
       this.#end(this.#sink!);
       return null;
     }
-    return new ResponseParseError(this.#received ? 'the replica closed the connection mid-response' : 'the replica closed the connection before answering');
+    return new ResponseParseError(
+      this.#received ? 'the replica closed the connection mid-response' : 'the replica closed the connection before answering',
+    );
   }
 
   #end(sink: ResponseSink): void {
@@ -216,7 +218,8 @@ export class ResponseParser {
       this.#tail = part.length >= 3 ? part.subarray(part.length - 3) : Buffer.concat([this.#tail, part]).subarray(-3);
       return chunk.length;
     }
-    if (this.#partsLen + end - from > this.#maxHeaderSize) return new ResponseParseError(`response headers larger than ${this.#maxHeaderSize} bytes`);
+    if (this.#partsLen + end - from > this.#maxHeaderSize)
+      return new ResponseParseError(`response headers larger than ${this.#maxHeaderSize} bytes`);
     let text: string;
     if (this.#partsLen === 0) text = chunk.toString('latin1', from, end - 2);
     else {
@@ -250,7 +253,8 @@ export class ResponseParser {
     const s0 = text.charCodeAt(9) - 48;
     const s1 = text.charCodeAt(10) - 48;
     const s2 = text.charCodeAt(11) - 48;
-    if ((minor !== 0 && minor !== 1) || !(s0 >= 1 && s0 <= 9) || !(s1 >= 0 && s1 <= 9) || !(s2 >= 0 && s2 <= 9)) return new ResponseParseError('malformed status line');
+    if ((minor !== 0 && minor !== 1) || !(s0 >= 1 && s0 <= 9) || !(s1 >= 0 && s1 <= 9) || !(s2 >= 0 && s2 <= 9))
+      return new ResponseParseError('malformed status line');
     if (eol > 12 && text.charCodeAt(12) !== 32) return new ResponseParseError('malformed status line');
     const status = s0 * 100 + s1 * 10 + s2;
     const reason = eol > 13 ? text.slice(13, eol) : '';
@@ -262,7 +266,7 @@ export class ResponseParser {
     let chunked = false;
     let te = false;
     let close = minor === 0;
-    for (let p = eol + 2; p < text.length; ) {
+    for (let p = eol + 2; p < text.length;) {
       const e = text.indexOf('\r\n', p);
       const colon = text.indexOf(':', p);
       const name = text.slice(p, colon);
@@ -409,7 +413,6 @@ export class ResponseParser {
     return i;
   }
 }
-
 
 function hexValue(c: number): number {
   if (c >= 0x30 && c <= 0x39) return c - 0x30;

@@ -235,7 +235,8 @@ export class Http1Pool implements ConnectionOwner {
       } else if (conn.paused) {
         conn.stamp = tick; // the handler is behind, not the replica
       } else if (conn.parser.inBody) {
-        if (silentMs >= this.#bodyMs) conn.timeout(new Http1Error('DP_HTTP1_BODY_TIMEOUT', `the replica sent nothing for ${this.#bodyMs} ms inside a response body`));
+        if (silentMs >= this.#bodyMs)
+          conn.timeout(new Http1Error('DP_HTTP1_BODY_TIMEOUT', `the replica sent nothing for ${this.#bodyMs} ms inside a response body`));
       } else if (silentMs >= this.#headersMs) {
         conn.timeout(new Http1Error('DP_HTTP1_HEADERS_TIMEOUT', `no response headers from the replica within ${this.#headersMs} ms`));
       }

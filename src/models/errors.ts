@@ -2,12 +2,7 @@
 // `detail`) and the OpenAI SDKs (which read `error.message` and map the status to a class).
 
 export type ModelErrorType =
-  | 'invalid_request_error'
-  | 'permission_error'
-  | 'not_found_error'
-  | 'upstream_error'
-  | 'server_error'
-  | 'timeout_error';
+  'invalid_request_error' | 'permission_error' | 'not_found_error' | 'upstream_error' | 'server_error' | 'timeout_error';
 
 export interface ModelErrorBody {
   detail: string;
@@ -51,7 +46,14 @@ export function invalidField(field: string, problem: string): ModelApiError {
 }
 
 /** Error codes of the forwarders' HTTP clients (undici, src/http1) and sockets that mean a timeout. */
-const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CONNECT_TIMEOUT', 'DP_HTTP1_HEADERS_TIMEOUT', 'DP_HTTP1_BODY_TIMEOUT', 'ETIMEDOUT']);
+const TIMEOUT_CODES = new Set([
+  'UND_ERR_HEADERS_TIMEOUT',
+  'UND_ERR_BODY_TIMEOUT',
+  'UND_ERR_CONNECT_TIMEOUT',
+  'DP_HTTP1_HEADERS_TIMEOUT',
+  'DP_HTTP1_BODY_TIMEOUT',
+  'ETIMEDOUT',
+]);
 
 /**
  * Any error as a ModelApiError: network failures of the forwarder become 502/504; an error that

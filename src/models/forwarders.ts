@@ -69,7 +69,23 @@ export function entrypointClient(key: string): (req: ClientRequestLike) => Forwa
 }
 
 /** Headers the forwarder writes itself: a rate-limit key of that name never copies the client's. */
-const OWN_HEADERS = new Set(['host', 'content-type', 'content-length', 'transfer-encoding', 'connection', 'accept', 'x-real-ip', 'x-forwarded-for', 'x-forwarded-proto', 'upgrade', 'te', 'trailer', 'keep-alive', 'expect', ENTRYPOINT_KEY_HEADER]);
+const OWN_HEADERS = new Set([
+  'host',
+  'content-type',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'accept',
+  'x-real-ip',
+  'x-forwarded-for',
+  'x-forwarded-proto',
+  'upgrade',
+  'te',
+  'trailer',
+  'keep-alive',
+  'expect',
+  ENTRYPOINT_KEY_HEADER,
+]);
 
 /**
  * Forwards through the gateway's Nginx with the service's Host, on the internal listener. Nginx
@@ -77,7 +93,8 @@ const OWN_HEADERS = new Set(['host', 'content-type', 'content-length', 'transfer
  * keyed on go along, so the model API's users get their own buckets as on the service's domain.
  */
 export function nginxForwarder(o: NginxForwarderOptions): Forwarder {
-  if (typeof o.socketPath !== 'string' || !o.socketPath.startsWith('/')) throw new TypeError(`socketPath must be an absolute path, got ${String(o.socketPath)}`);
+  if (typeof o.socketPath !== 'string' || !o.socketPath.startsWith('/'))
+    throw new TypeError(`socketPath must be an absolute path, got ${String(o.socketPath)}`);
   const pool = new Http1Pool({
     connect: async () => netConnect({ path: o.socketPath }),
     maxConnections: o.connections ?? 256,

@@ -137,7 +137,13 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         return tgiCompletionRoute(reply, service, model, chat, abort, client);
       });
 
-      async function call(service: Service, path: string, body: Buffer | string, abort: ClientAbort, client: ForwardedClient): Promise<UpstreamResponse> {
+      async function call(
+        service: Service,
+        path: string,
+        body: Buffer | string,
+        abort: ClientAbort,
+        client: ForwardedClient,
+      ): Promise<UpstreamResponse> {
         let res: UpstreamResponse;
         try {
           res = await o.forward(service, { path, body, signal: abort, client });
@@ -151,7 +157,14 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         return res;
       }
 
-      async function openaiCompletion(reply: FastifyReply, service: Service, prefix: string, raw: Buffer, abort: ClientAbort, client: ForwardedClient) {
+      async function openaiCompletion(
+        reply: FastifyReply,
+        service: Service,
+        prefix: string,
+        raw: Buffer,
+        abort: ClientAbort,
+        client: ForwardedClient,
+      ) {
         const res = await call(service, completionsPath(prefix), raw, abort, client);
         const type = headerValue(res.headers['content-type']) ?? 'application/json';
         const sse = type.startsWith('text/event-stream');
@@ -165,7 +178,14 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         return reply.send(sse ? withErrorPath(Readable.from(relay(body, abort))) : body);
       }
 
-      async function tgiCompletionRoute(reply: FastifyReply, service: Service, model: Extract<Service['model'], { format: 'tgi' }>, chat: ChatRequest, abort: ClientAbort, client: ForwardedClient) {
+      async function tgiCompletionRoute(
+        reply: FastifyReply,
+        service: Service,
+        model: Extract<Service['model'], { format: 'tgi' }>,
+        chat: ChatRequest,
+        abort: ClientAbort,
+        client: ForwardedClient,
+      ) {
         const params = tgiParams(chat.body);
         if (!model.chatTemplate) throw new ModelApiError(400, `Model ${model.name} has no chat template`);
         const bosToken = model.bosToken ?? '';
@@ -296,6 +316,7 @@ function headerValue(v: string | string[] | undefined): string | undefined {
 
 function fastifyError(err: FastifyError): ModelApiError {
   if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return new ModelApiError(413, 'The request body is too large');
-  if (typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500) return new ModelApiError(err.statusCode, err.message);
+  if (typeof err.statusCode === 'number' && err.statusCode >= 400 && err.statusCode < 500)
+    return new ModelApiError(err.statusCode, err.message);
   return toModelError(err);
 }

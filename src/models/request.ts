@@ -69,7 +69,10 @@ function contentText(content: unknown, i: number): string {
         if (!isObject(part)) throw invalidField(`messages[${i}].content[${j}]`, 'must be an object');
         if (part.type === 'text' && typeof part.text === 'string') return part.text;
         if (part.type === 'text') throw invalidField(`messages[${i}].content[${j}].text`, 'must be a string');
-        throw new ModelApiError(400, `messages[${i}].content[${j}]: content parts of type ${JSON.stringify(part.type)} are not supported by this model (tgi format takes text only)`);
+        throw new ModelApiError(
+          400,
+          `messages[${i}].content[${j}]: content parts of type ${JSON.stringify(part.type)} are not supported by this model (tgi format takes text only)`,
+        );
       })
       .join('');
   }

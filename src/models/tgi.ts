@@ -20,7 +20,8 @@ export function stopList(stop: string[], eosToken: string | undefined): string[]
 }
 
 export function tgiPayload(prompt: string, p: TgiParams, stop: string[], stream: boolean): TgiPayload {
-  if (stream && p.n > 1) throw new ModelApiError(400, 'n > 1 is not supported with stream: true for this model (TGI cannot stream best_of)');
+  if (stream && p.n > 1)
+    throw new ModelApiError(400, 'n > 1 is not supported with stream: true for this model (TGI cannot stream best_of)');
   const parameters: Record<string, unknown> = { do_sample: p.temperature !== 0 };
   if (p.maxTokens !== undefined) parameters.max_new_tokens = p.maxTokens;
   parameters.stop = stop;
@@ -78,7 +79,8 @@ export function tgiCompletion(data: unknown, ctx: CompletionContext): Record<str
   const details = data.details as Record<string, unknown>;
   const seqs = [first];
   const best = details.best_of_sequences;
-  if (Array.isArray(best)) best.forEach((b, i) => seqs.push(sequence(isObject(b) ? b.generated_text : undefined, b, `best_of_sequences[${i}].`)));
+  if (Array.isArray(best))
+    best.forEach((b, i) => seqs.push(sequence(isObject(b) ? b.generated_text : undefined, b, `best_of_sequences[${i}].`)));
   const completion = seqs.reduce((a, s) => a + s.tokens, 0);
   const prompt = Array.isArray(details.prefill) ? details.prefill.length : 0;
   return {

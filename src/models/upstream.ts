@@ -5,7 +5,15 @@
 // takes it.
 
 import { Readable } from 'node:stream';
-import { headerObject, Http1Error, withErrorPath, type Http1Exchange, type Http1Handler, type Http1Pool, type Http1Request } from '../http1/index.js';
+import {
+  headerObject,
+  Http1Error,
+  withErrorPath,
+  type Http1Exchange,
+  type Http1Handler,
+  type Http1Pool,
+  type Http1Request,
+} from '../http1/index.js';
 import type { ClientAbort, UpstreamResponse } from './types.js';
 
 /** A non-streaming answer up to this size is read whole before the promise resolves. */
@@ -50,7 +58,8 @@ class AnswerHandler implements Http1Handler {
     const headers = headerObject(raw);
     const type = headers['content-type'];
     // The length the parser frames the body by (checked), not the replica's header.
-    const whole = contentLength >= 0 && contentLength <= MAX_WHOLE_BODY && !(typeof type === 'string' && type.startsWith('text/event-stream'));
+    const whole =
+      contentLength >= 0 && contentLength <= MAX_WHOLE_BODY && !(typeof type === 'string' && type.startsWith('text/event-stream'));
     if (whole) {
       this.#status = status;
       this.#headers = headers;

@@ -48,11 +48,7 @@ export function backoffPolicy(partial: Partial<BackoffPolicy> = {}): BackoffPoli
  * min(maxMs, baseMs × factor^(attempt-1) × (1 + jitter × (2·random() - 1))).
  * `random` returns a number in [0, 1), as Math.random does.
  */
-export function nextDelay(
-  attempt: number,
-  policy: Readonly<BackoffPolicy> = DEFAULT_BACKOFF,
-  random: () => number = Math.random,
-): number {
+export function nextDelay(attempt: number, policy: Readonly<BackoffPolicy> = DEFAULT_BACKOFF, random: () => number = Math.random): number {
   const n = Math.max(1, Math.floor(attempt));
   const nominal = Math.min(policy.maxMs, policy.baseMs * policy.factor ** (n - 1));
   const spread = 1 + policy.jitter * (2 * random() - 1);

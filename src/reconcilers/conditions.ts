@@ -43,21 +43,14 @@ export function setCondition(
   if (existing.status !== cond.status) {
     return { conditions: replaceAt(list, i, toCondition(cond, at())), changed: true };
   }
-  if (
-    existing.reason === cond.reason &&
-    existing.message === cond.message &&
-    existing.observedGeneration === cond.observedGeneration
-  ) {
+  if (existing.reason === cond.reason && existing.message === cond.message && existing.observedGeneration === cond.observedGeneration) {
     return { conditions: list, changed: false };
   }
   return { conditions: replaceAt(list, i, toCondition(cond, existing.lastTransitionTime)), changed: true };
 }
 
 /** Removes the condition of `type`; returns the same array and `changed: false` if absent. */
-export function removeCondition(
-  list: readonly Condition[],
-  type: string,
-): { conditions: readonly Condition[]; changed: boolean } {
+export function removeCondition(list: readonly Condition[], type: string): { conditions: readonly Condition[]; changed: boolean } {
   const i = list.findIndex((c) => c.type === type);
   if (i === -1) return { conditions: list, changed: false };
   return { conditions: [...list.slice(0, i), ...list.slice(i + 1)], changed: true };

@@ -199,7 +199,11 @@ export class Controller {
     const loops: Record<string, LoopStatus> = {};
     for (const rt of this.#runners) loops[rt.loop.name] = rt.snapshot();
     const observedGeneration = Math.min(...this.#runners.map((rt) => rt.settling.observedGeneration));
-    return { generation: this.#getSpec().generation, observedGeneration: Number.isFinite(observedGeneration) ? Math.max(0, observedGeneration) : 0, loops };
+    return {
+      generation: this.#getSpec().generation,
+      observedGeneration: Number.isFinite(observedGeneration) ? Math.max(0, observedGeneration) : 0,
+      loops,
+    };
   }
 
   /** Called with a loop's new status whenever it changed; returns an unsubscribe function. */

@@ -32,7 +32,8 @@ export function orderLoops(loops: readonly AnyLoop[]): AnyLoop[] {
   };
   for (const loop of loops) visit(loop, []);
   for (const loop of loops) {
-    for (const name of loop.triggeredBy ?? []) if (!(loop.dependsOn ?? []).includes(name)) badOption(`loop ${loop.name} is triggered by ${name}, which it does not depend on`);
+    for (const name of loop.triggeredBy ?? [])
+      if (!(loop.dependsOn ?? []).includes(name)) badOption(`loop ${loop.name} is triggered by ${name}, which it does not depend on`);
   }
   // Watching needs no order (nothing waits on it), so it may point back at a dependent.
   for (const loop of loops) {

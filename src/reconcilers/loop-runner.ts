@@ -68,7 +68,11 @@ export class LoopRunner {
       () => this.settling.wake(),
     );
     this.actions = new PQueue({ concurrency });
-    this.status = new StatusFeed({ now: () => host.clock.now(), generation: () => this.settling.generation, publish: () => host.publish(this) });
+    this.status = new StatusFeed({
+      now: () => host.clock.now(),
+      generation: () => this.settling.generation,
+      publish: () => host.publish(this),
+    });
     this.#failures = new FailureBook(o.backoff, o.random);
     this.timers = new KeyTimers(host.clock);
   }
@@ -153,7 +157,12 @@ export class LoopRunner {
       // 5. Report: loop-level conditions, counters, and status to listeners and dependents.
       const entries = failures.entries();
       const passFailure = entries.find(([k]) => k === PASS_KEY)?.[1] ?? null;
-      for (const c of loopConditions(passFailure, entries.filter(([k]) => k !== PASS_KEY), generation)) this.status.store.setLoopCondition(c);
+      for (const c of loopConditions(
+        passFailure,
+        entries.filter(([k]) => k !== PASS_KEY),
+        generation,
+      ))
+        this.status.store.setLoopCondition(c);
       this.counters.lastPassDurationMs = clock.now() - t0;
       this.#settled(generation, !failed);
       this.status.flush();
@@ -217,7 +226,8 @@ export class LoopRunner {
       else this.#wakeAfter(key, f.delayMs);
       const fields = { err: outcome.error, attempts: f.attempts };
       if (action === undefined) this.#host.logger.warn({ loop: this.loop.name, ...fields, retryInMs: f.delayMs }, 'reconcile pass failed');
-      else if (f.delayMs === null) this.#actionLog(action).error(fields, `${action.summary}: failed, not retrying until the next generation`);
+      else if (f.delayMs === null)
+        this.#actionLog(action).error(fields, `${action.summary}: failed, not retrying until the next generation`);
       else this.#actionLog(action).warn({ ...fields, retryInMs: f.delayMs }, `${action.summary}: failed`);
       return;
     }

@@ -101,7 +101,15 @@ function sameOutputs(a: Outputs | undefined, b: Outputs | undefined): boolean {
 
 /** A writer that reads the live store and drops writes: for dry runs. */
 export function readOnlyWriter(inner: StatusWriter): StatusWriter {
-  return { set: () => {}, setOutputs: () => {}, delete: () => {}, prune: () => {}, get: inner.get, outputs: inner.outputs, keys: inner.keys };
+  return {
+    set: () => {},
+    setOutputs: () => {},
+    delete: () => {},
+    prune: () => {},
+    get: inner.get,
+    outputs: inner.outputs,
+    keys: inner.keys,
+  };
 }
 
 /**

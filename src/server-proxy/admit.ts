@@ -12,8 +12,7 @@ import type { RateLimiter } from './rate-limit.js';
 export type Authorize = (project: string, token: string) => Promise<AuthDecision>;
 
 export type Admission =
-  | { ok: true; service: Service; key: string }
-  | { ok: false; status: number; detail: string; headers?: Record<string, string> };
+  { ok: true; service: Service; key: string } | { ok: false; status: number; detail: string; headers?: Record<string, string> };
 
 /** A service index rebuilt when getState() returns a new document object. */
 export class ServiceIndex {
@@ -21,7 +20,10 @@ export class ServiceIndex {
   #byKey = new Map<string, Service>();
   readonly #onChange: (services: readonly Service[]) => void;
 
-  constructor(private readonly getState: () => ProxyState, onChange: (services: readonly Service[]) => void = () => undefined) {
+  constructor(
+    private readonly getState: () => ProxyState,
+    onChange: (services: readonly Service[]) => void = () => undefined,
+  ) {
     this.#onChange = onChange;
   }
 

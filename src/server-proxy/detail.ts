@@ -37,7 +37,11 @@ export function sendDetail(
     return;
   }
   const body = detailBody(detail);
-  const headers: Record<string, string | number> = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...extra };
+  const headers: Record<string, string | number> = {
+    'content-type': 'application/json',
+    'content-length': Buffer.byteLength(body),
+    ...extra,
+  };
   if (hasBody(req) && !req.readableEnded) headers.connection = 'close';
   res.writeHead(status, headers);
   res.end(body);
@@ -52,7 +56,8 @@ export function rawReply(socket: Duplex, status: number, headers: Record<string,
   // the answer is written must not become an uncaught 'error'.
   socket.on('error', () => socket.destroy());
   const lines = [`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}`];
-  for (const [k, v] of Object.entries({ ...headers, 'Content-Length': String(Buffer.byteLength(body)), Connection: 'close' })) lines.push(`${k}: ${v}`);
+  for (const [k, v] of Object.entries({ ...headers, 'Content-Length': String(Buffer.byteLength(body)), Connection: 'close' }))
+    lines.push(`${k}: ${v}`);
   // Upgrade sockets are half-open capable: do not wait for the client to hang up.
   socket.end(`${lines.join('\r\n')}\r\n\r\n${body}`, () => setTimeout(() => socket.destroy(), REFUSED_LINGER_MS).unref());
 }

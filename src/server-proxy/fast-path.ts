@@ -32,7 +32,12 @@ import { RawConnection } from './raw/connection.js';
  * - on Node's server, the 'request' listener proxies /proxy/services/ before fastify routes.
  * Returns the raw connections open now (closed at shutdown), or null when the fast path is off.
  */
-export function installFastPath(app: FastifyInstance, ctx: HttpProxyContext, closing: () => boolean, logger: Logger | undefined): Set<RawConnection> | null {
+export function installFastPath(
+  app: FastifyInstance,
+  ctx: HttpProxyContext,
+  closing: () => boolean,
+  logger: Logger | undefined,
+): Set<RawConnection> | null {
   const config = app.initialConfig as { http2?: boolean; trustProxy?: unknown };
   const server = app.server as unknown as Server;
   if (config.http2 || config.trustProxy || server.listenerCount('request') !== 1) return null;

@@ -67,7 +67,8 @@ export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardConte
   let listed: Set<string> | null = null;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
-    if (name.length === 10 && name.toLowerCase() === 'connection' && !plainConnection(raw[i + 1]!)) addConnectionTokens(raw[i + 1]!, (listed ??= new Set()));
+    if (name.length === 10 && name.toLowerCase() === 'connection' && !plainConnection(raw[i + 1]!))
+      addConnectionTokens(raw[i + 1]!, (listed ??= new Set()));
   }
   const out: string[] = [];
   let priorXff: string | undefined;
@@ -94,9 +95,12 @@ export function upstreamRequestHeaders(raw: readonly string[], ctx: ForwardConte
   }
   if (ctx.upgrade) out.push('Connection', 'Upgrade');
   out.push(
-    'X-Forwarded-For', priorXff === undefined ? ctx.clientIp : `${priorXff}, ${ctx.clientIp}`,
-    'X-Forwarded-Proto', ctx.proto,
-    'X-Real-IP', ctx.clientIp,
+    'X-Forwarded-For',
+    priorXff === undefined ? ctx.clientIp : `${priorXff}, ${ctx.clientIp}`,
+    'X-Forwarded-Proto',
+    ctx.proto,
+    'X-Real-IP',
+    ctx.clientIp,
   );
   if (host) out.push('X-Forwarded-Host', host);
   return out;

@@ -128,7 +128,16 @@ export function proxyHttp(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyRe
   } else relay(ctx, req, res, clientIp, proto, t, a, started);
 }
 
-function relay(ctx: HttpProxyContext, req: ProxyRequest, res: ProxyResponse, clientIp: string, proto: string, t: ProxyTarget, a: Admission, started: number): void {
+function relay(
+  ctx: HttpProxyContext,
+  req: ProxyRequest,
+  res: ProxyResponse,
+  clientIp: string,
+  proto: string,
+  t: ProxyTarget,
+  a: Admission,
+  started: number,
+): void {
   if (!a.ok) return sendDetail(req, res, a.status, a.detail, a.headers);
   const { service, key } = a;
   if (res.destroyed) return; // the client left while auth was asked

@@ -105,7 +105,14 @@ const ESCAPE = /%([0-9A-Fa-f]{2})/g;
 
 function decodeUnreserved(escape: string, hex: string): string {
   const c = parseInt(hex, 16);
-  const unreserved = (c >= 0x41 && c <= 0x5a) || (c >= 0x61 && c <= 0x7a) || (c >= 0x30 && c <= 0x39) || c === 0x2d || c === 0x2e || c === 0x5f || c === 0x7e;
+  const unreserved =
+    (c >= 0x41 && c <= 0x5a) ||
+    (c >= 0x61 && c <= 0x7a) ||
+    (c >= 0x30 && c <= 0x39) ||
+    c === 0x2d ||
+    c === 0x2e ||
+    c === 0x5f ||
+    c === 0x7e;
   return unreserved ? String.fromCharCode(c) : escape;
 }
 

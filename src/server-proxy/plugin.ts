@@ -64,7 +64,10 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
   }
   const connectTimeoutMs = o.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
   const readTimeoutMs = o.readTimeoutMs ?? DEFAULT_READ_TIMEOUT_MS;
-  for (const [name, v] of [['connectTimeoutMs', connectTimeoutMs], ['readTimeoutMs', readTimeoutMs]] as const) {
+  for (const [name, v] of [
+    ['connectTimeoutMs', connectTimeoutMs],
+    ['readTimeoutMs', readTimeoutMs],
+  ] as const) {
     if (!Number.isFinite(v) || v <= 0) throw new TypeError(`registerServerProxy: ${name} must be > 0, got ${v}`);
   }
   const stats = o.stats ?? createInProcessStats(o.clock ? { clock: o.clock } : {});

@@ -25,7 +25,14 @@ export interface UpgradeContext extends HttpProxyContext {
 }
 
 /** True when the upgrade was ours (a /proxy/services path). */
-export function handleUpgrade(ctx: UpgradeContext, req: IncomingMessage, socket: Duplex, head: Buffer, clientIp: string, proto: string): boolean {
+export function handleUpgrade(
+  ctx: UpgradeContext,
+  req: IncomingMessage,
+  socket: Duplex,
+  head: Buffer,
+  clientIp: string,
+  proto: string,
+): boolean {
   const t = parseProxyTarget(req.url ?? '/');
   if (!t) return false;
   socket.on('error', () => socket.destroy());

@@ -36,8 +36,5 @@ export function loadDocument(text: string, format: DocumentFormat = detectFormat
 
 function capIssues(issues: SpecIssue[]): SpecIssue[] {
   if (issues.length <= MAX_REPORTED_ISSUES) return issues;
-  return [
-    ...issues.slice(0, MAX_REPORTED_ISSUES),
-    { path: '', message: `… and ${issues.length - MAX_REPORTED_ISSUES} more errors.` },
-  ];
+  return [...issues.slice(0, MAX_REPORTED_ISSUES), { path: '', message: `… and ${issues.length - MAX_REPORTED_ISSUES} more errors.` }];
 }

@@ -68,10 +68,14 @@ function convert(text: string): UsableKey {
       converted = openSshEd25519(key);
       break;
     default:
-      return { ok: false, problem: `is a ${key.asymmetricKeyType ?? 'unknown'} key; SSH keys here must be RSA, ECDSA (P-256, P-384, P-521) or Ed25519` };
+      return {
+        ok: false,
+        problem: `is a ${key.asymmetricKeyType ?? 'unknown'} key; SSH keys here must be RSA, ECDSA (P-256, P-384, P-521) or Ed25519`,
+      };
   }
   const again = ssh2Reads(converted);
-  if (!again.ok) return { ok: false, problem: `is a ${key.asymmetricKeyType} key that SSH cannot use (ECDSA must be on P-256, P-384 or P-521)` };
+  if (!again.ok)
+    return { ok: false, problem: `is a ${key.asymmetricKeyType} key that SSH cannot use (ECDSA must be on P-256, P-384 or P-521)` };
   return { ok: true, key: converted, type: again.type };
 }
 
@@ -100,7 +104,14 @@ function openSshEd25519(key: KeyObject): string {
   const publicBlob = Buffer.concat([sshString('ssh-ed25519'), sshString(pub)]);
   // The check integers only detect a wrong passphrase; fixed, so equal keys convert to equal text.
   const check = createHash('sha256').update(pub).digest().subarray(0, 4);
-  let secret = Buffer.concat([check, check, sshString('ssh-ed25519'), sshString(pub), sshString(Buffer.concat([seed, pub])), sshString('')]);
+  let secret = Buffer.concat([
+    check,
+    check,
+    sshString('ssh-ed25519'),
+    sshString(pub),
+    sshString(Buffer.concat([seed, pub])),
+    sshString(''),
+  ]);
   const pad = (8 - (secret.length % 8)) % 8;
   secret = Buffer.concat([secret, Buffer.from(Array.from({ length: pad }, (_, i) => i + 1))]);
   const blob = Buffer.concat([

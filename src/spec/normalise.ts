@@ -70,7 +70,17 @@ function normaliseService(s: ServiceInput): Service {
 }
 
 const SERVICE_KEYS = [
-  'project', 'run', 'id', 'domain', 'https', 'auth', 'clientMaxBodySize', 'stripPrefix', 'rateLimits', 'model', 'replicas',
+  'project',
+  'run',
+  'id',
+  'domain',
+  'https',
+  'auth',
+  'clientMaxBodySize',
+  'stripPrefix',
+  'rateLimits',
+  'model',
+  'replicas',
 ] as const;
 
 function normaliseRateLimit(r: RateLimitInput): RateLimit {

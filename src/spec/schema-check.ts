@@ -1,13 +1,7 @@
 // The JSON Schema check: compiled once, every error reported, each as a sentence.
 
 import { Ajv, type ErrorObject } from 'ajv';
-import {
-  FINGERPRINT_PATTERN,
-  HOST_PATTERN,
-  NAME_PATTERN,
-  USER_PATTERN,
-  proxyStateSchema,
-} from './schema.js';
+import { FINGERPRINT_PATTERN, HOST_PATTERN, NAME_PATTERN, USER_PATTERN, proxyStateSchema } from './schema.js';
 import type { SpecIssue } from './issues.js';
 import { pointerSegment } from './issues.js';
 import { SECRET_FIELDS } from './redact.js';
@@ -68,7 +62,10 @@ function plainIssue(e: ErrorObject, p: Record<string, unknown>, at: string): Spe
         message: `must be one of ${(p.allowedValues as unknown[]).map((v) => `'${String(v)}'`).join(', ')}.`,
       };
     case 'pattern':
-      return { path: at, message: `${PATTERN_SENTENCES[String(p.pattern)] ?? `has characters that are not allowed (pattern ${String(p.pattern)})`}; got ${quote(e.data)}.` };
+      return {
+        path: at,
+        message: `${PATTERN_SENTENCES[String(p.pattern)] ?? `has characters that are not allowed (pattern ${String(p.pattern)})`}; got ${quote(e.data)}.`,
+      };
     case 'minimum':
     case 'maximum':
     case 'exclusiveMinimum':
@@ -104,7 +101,10 @@ export function isSecretPath(pointer: string): boolean {
 function secretIssue(e: ErrorObject, p: Record<string, unknown>, at: string): SpecIssue {
   switch (e.keyword) {
     case 'pattern':
-      return { path: at, message: `${secretPatternRule(String(p.pattern))}; ${secretPatternProblem(e.data, String(p.pattern))} (the value is a secret and is not shown).` };
+      return {
+        path: at,
+        message: `${secretPatternRule(String(p.pattern))}; ${secretPatternProblem(e.data, String(p.pattern))} (the value is a secret and is not shown).`,
+      };
     case 'type':
       return { path: at, message: `must be ${article(String(p.type))}, not ${describe(e.data)}.` };
     case 'minLength':
@@ -153,7 +153,8 @@ function secretPatternProblem(value: unknown, pattern: string): string {
 }
 
 function characterKind(ch: string, last: boolean): string {
-  if (ch === '\n' || ch === '\r') return last ? 'a line break at the end (a trailing newline from the file it was read from?)' : 'a line break';
+  if (ch === '\n' || ch === '\r')
+    return last ? 'a line break at the end (a trailing newline from the file it was read from?)' : 'a line break';
   if (/\s/.test(ch)) return last ? 'white space at the end' : 'white space';
   if (/[\u0000-\u001f\u007f]/.test(ch)) return 'a control character';
   if (ch.charCodeAt(0) > 0x7e) return 'a non-ASCII character';
@@ -161,7 +162,10 @@ function characterKind(ch: string, last: boolean): string {
 }
 
 function fieldContext(at: string): string {
-  const last = at.split('/').filter((s) => !/^\d+$/.test(s)).pop();
+  const last = at
+    .split('/')
+    .filter((s) => !/^\d+$/.test(s))
+    .pop();
   return last ? ` of ${last}` : '';
 }
 

@@ -139,7 +139,11 @@ export function semanticIssues(doc: ProxyStateInput): SpecIssue[] {
       } else {
         if (m.prefix !== undefined) add(`${at}/model/prefix`, "is only allowed with format 'openai'.");
         // TGI serves raw text: without a template no chat request can ever be turned into a prompt.
-        if (!m.chatTemplate) add(`${at}/model/chatTemplate`, "is required with format 'tgi': the Jinja template that turns chat messages into the model's prompt.");
+        if (!m.chatTemplate)
+          add(
+            `${at}/model/chatTemplate`,
+            "is required with format 'tgi': the Jinja template that turns chat messages into the model's prompt.",
+          );
       }
     }
 

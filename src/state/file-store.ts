@@ -101,8 +101,7 @@ export async function loadStateFile(file: string): Promise<StoredState> {
     }
     throw new ProxyError('DP_ERR_STATE_CORRUPT', `cannot read ${file}: ${(err as Error).message}`, { file }, { cause: err });
   }
-  const corrupt = (why: string): ProxyError =>
-    new ProxyError('DP_ERR_STATE_CORRUPT', `${file} is corrupt: ${why}`, { file });
+  const corrupt = (why: string): ProxyError => new ProxyError('DP_ERR_STATE_CORRUPT', `${file} is corrupt: ${why}`, { file });
   let raw: unknown;
   try {
     raw = parseJsonText(text, 'not JSON');

@@ -9,9 +9,7 @@ import { openWatchedFileStore } from './watched-file-store.js';
 import type { WatchedStateStore } from './watched-store.js';
 
 export type StoreLocation =
-  | { kind: 'sqlite'; path: string }
-  | { kind: 'postgres'; connectionString: string }
-  | { kind: 'file'; stateDir: string };
+  { kind: 'sqlite'; path: string } | { kind: 'postgres'; connectionString: string } | { kind: 'file'; stateDir: string };
 
 export function parseStoreUrl(url: string): StoreLocation {
   const text = url.trim();
@@ -29,7 +27,10 @@ export function parseStoreUrl(url: string): StoreLocation {
     return { kind: 'file', stateDir: dir };
   }
   if (/^[a-z][a-z0-9+.-]*:\/\//i.test(text)) {
-    throw new ProxyError('DP_ERR_BAD_OPTION', `unsupported database URL ${redactStoreUrl(text)}: use sqlite:PATH, postgres://… or a state directory`);
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      `unsupported database URL ${redactStoreUrl(text)}: use sqlite:PATH, postgres://… or a state directory`,
+    );
   }
   return { kind: 'file', stateDir: text };
 }

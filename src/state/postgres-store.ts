@@ -75,7 +75,10 @@ export async function openPostgresStore(options: PostgresStoreOptions): Promise<
   if (!options.connectionString && !options.config) {
     throw new ProxyError('DP_ERR_BAD_OPTION', 'connectionString or config is required');
   }
-  const config: pg.ClientConfig = { ...options.config, ...(options.connectionString ? { connectionString: options.connectionString } : {}) };
+  const config: pg.ClientConfig = {
+    ...options.config,
+    ...(options.connectionString ? { connectionString: options.connectionString } : {}),
+  };
   const timeout = options.timeoutMs ?? PG_TIMEOUT_MS;
   const pool = new pg.Pool({ query_timeout: timeout, ...config, connectionTimeoutMillis: timeout, max: options.poolSize ?? 4 });
   const store = new PostgresStore(pool, config, options);
@@ -102,7 +105,11 @@ async function migrate(pool: pg.Pool): Promise<void> {
       const { rows } = await client.query<{ v: number | null }>('SELECT MAX(version) AS v FROM proxy_schema_migrations');
       const current = rows[0]?.v ?? 0;
       const known = MIGRATIONS[MIGRATIONS.length - 1]?.version ?? 0;
-      if (current > known) throw new ProxyError('DP_ERR_STATE_CORRUPT', `schema version ${current} is newer than this dstack-proxy knows (${known}); upgrade dstack-proxy`);
+      if (current > known)
+        throw new ProxyError(
+          'DP_ERR_STATE_CORRUPT',
+          `schema version ${current} is newer than this dstack-proxy knows (${known}); upgrade dstack-proxy`,
+        );
       for (const m of MIGRATIONS) {
         if (m.version <= current) continue;
         await client.query('BEGIN');

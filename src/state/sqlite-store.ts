@@ -91,11 +91,16 @@ function migrate(db: Database.Database): void {
     const row = db.prepare('SELECT MAX(version) AS v FROM proxy_schema_migrations').get() as { v: number | null };
     const current = row.v ?? 0;
     const known = MIGRATIONS[MIGRATIONS.length - 1]?.version ?? 0;
-    if (current > known) throw new Error(`schema version ${current} is newer than this dstack-proxy knows (${known}); upgrade dstack-proxy`);
+    if (current > known)
+      throw new Error(`schema version ${current} is newer than this dstack-proxy knows (${known}); upgrade dstack-proxy`);
     for (const m of MIGRATIONS) {
       if (m.version <= current) continue;
       m.up(db);
-      db.prepare('INSERT INTO proxy_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)').run(m.version, m.name, new Date().toISOString());
+      db.prepare('INSERT INTO proxy_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)').run(
+        m.version,
+        m.name,
+        new Date().toISOString(),
+      );
     }
   });
   run.immediate();
@@ -229,4 +234,3 @@ function storageError(file: string, err: unknown): unknown {
 export function mismatch(ifMatch: number, generation: number): ProxyError {
   return new ProxyError('DP_ERR_GENERATION_MISMATCH', `If-Match is ${ifMatch}; the current generation is ${generation}`, { generation });
 }
-

@@ -80,15 +80,26 @@ export class HostFrames {
     if (nowSec - this.lastSec >= FRAME_SLOTS) return emptyWindows();
     const ring = this.ring;
     const now = nowSec - EPOCH_BASE;
-    let r30 = 0, t30 = 0, r60 = 0, t60 = 0, r = 0, t = 0;
+    let r30 = 0,
+      t30 = 0,
+      r60 = 0,
+      t60 = 0,
+      r = 0,
+      t = 0;
     for (let at = 0; at < FRAME_SLOTS * 3; at += 3) {
       const age = now - ring[at]!;
       if (age < 0 || age >= FRAME_SLOTS) continue; // empty, stale, or from the future
-      const c = ring[at + 1]!, ms = ring[at + 2]!;
-      r += c; t += ms;
+      const c = ring[at + 1]!,
+        ms = ring[at + 2]!;
+      r += c;
+      t += ms;
       if (age < 60) {
-        r60 += c; t60 += ms;
-        if (age < 30) { r30 += c; t30 += ms; }
+        r60 += c;
+        t60 += ms;
+        if (age < 30) {
+          r30 += c;
+          t30 += ms;
+        }
       }
     }
     return { '30': stat(r30, t30), '60': stat(r60, t60), '300': stat(r, t) };

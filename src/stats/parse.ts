@@ -36,7 +36,8 @@ let cachedDays = 0;
 
 /** Two decimal digits at i, or -1. */
 function two(b: Uint8Array, i: number): number {
-  const a = b[i]! - 48, c = b[i + 1]! - 48;
+  const a = b[i]! - 48,
+    c = b[i + 1]! - 48;
   return a >>> 0 > 9 || c >>> 0 > 9 ? -1 : a * 10 + c;
 }
 
@@ -47,8 +48,15 @@ function two(b: Uint8Array, i: number): number {
 export function parseIsoSeconds(b: Uint8Array, p: number): number {
   if (b[p + 4] !== 45 || b[p + 7] !== 45 || b[p + 10] !== 84 || b[p + 13] !== 58 || b[p + 16] !== 58 || b[p + 22] !== 58) return -1;
   const sign = b[p + 19] === 43 ? 1 : b[p + 19] === 45 ? -1 : 0;
-  const yh = two(b, p), yl = two(b, p + 2), mo = two(b, p + 5), d = two(b, p + 8);
-  const hh = two(b, p + 11), mi = two(b, p + 14), ss = two(b, p + 17), oh = two(b, p + 20), om = two(b, p + 23);
+  const yh = two(b, p),
+    yl = two(b, p + 2),
+    mo = two(b, p + 5),
+    d = two(b, p + 8);
+  const hh = two(b, p + 11),
+    mi = two(b, p + 14),
+    ss = two(b, p + 17),
+    oh = two(b, p + 20),
+    om = two(b, p + 23);
   if (sign === 0 || (yh | yl | mo | d | hh | mi | ss | oh | om) < 0) return -1;
   if (mo < 1 || mo > 12 || d < 1 || d > 31 || hh > 23 || mi > 59 || ss > 60) return -1;
   const ymd = (yh * 100 + yl) * 10000 + mo * 100 + d;
@@ -87,7 +95,7 @@ export function parseLines(b: Uint8Array, start: number, end: number, table: Fra
       // ' ddd ' and at least 'd x\n' must follow, all before `end` (bytes past it are stale).
       if (ch !== SP || hostEnd === hostStart || p + 9 > end) break parse;
       // status: 3 digits
-      if (b[p + 1]! - 48 >>> 0 > 9 || b[p + 2]! - 48 >>> 0 > 9 || b[p + 3]! - 48 >>> 0 > 9 || b[p + 4] !== SP) break parse;
+      if ((b[p + 1]! - 48) >>> 0 > 9 || (b[p + 2]! - 48) >>> 0 > 9 || (b[p + 3]! - 48) >>> 0 > 9 || b[p + 4] !== SP) break parse;
       p += 5;
       // request time: digits[.digits], kept as integer milliseconds
       let whole = 0;

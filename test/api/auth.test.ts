@@ -37,7 +37,16 @@ async function startControlServer(listen: { port: number } | { path: string }) {
 }
 
 function service(over: Partial<Service> & { run: string }): Service {
-  return { project: 'main', https: false, auth: false, clientMaxBodySize: 1 << 20, stripPrefix: true, rateLimits: [], replicas: [], ...over };
+  return {
+    project: 'main',
+    https: false,
+    auth: false,
+    clientMaxBodySize: 1 << 20,
+    stripPrefix: true,
+    rateLimits: [],
+    replicas: [],
+    ...over,
+  };
 }
 
 let ng: TestNginx;
@@ -48,7 +57,8 @@ let auth: AuthProvider;
 const clock = new FakeClock();
 const logLines: string[] = [];
 
-const remote = (headers: Record<string, string> = {}) => request({ port: ng.httpPort, host: DOMAIN, path: '/v1/models', headers, localAddress: '127.0.0.2' });
+const remote = (headers: Record<string, string> = {}) =>
+  request({ port: ng.httpPort, host: DOMAIN, path: '/v1/models', headers, localAddress: '127.0.0.2' });
 
 beforeAll(async () => {
   const [echoPort, ctlPort, gwPort] = (await freePorts(3)) as [number, number, number];
@@ -66,7 +76,14 @@ beforeAll(async () => {
     spec: {
       acme: { server: 'https://acme.test/dir' },
       projects: [{ name: 'main' }],
-      services: [service({ run: 'secure', domain: DOMAIN, auth: true, replicas: [{ id: 'r1', appPort: 8000, direct: { host: '127.0.0.1', port: echoPort } }] })],
+      services: [
+        service({
+          run: 'secure',
+          domain: DOMAIN,
+          auth: true,
+          replicas: [{ id: 'r1', appPort: 8000, direct: { host: '127.0.0.1', port: echoPort } }],
+        }),
+      ],
       entrypoints: [],
     },
   };
@@ -194,8 +211,11 @@ describe('createControlServerAuth', () => {
   it('the route: malformed header → 401, deny → 403, unavailable → 503', async () => {
     const app = Fastify();
     const decisions = { a: 'deny', b: 'unavailable' } as const;
-    await app.register(authRoutes, { auth: { check: async (_p, t) => decisions[t as 'a' | 'b'] ?? 'allow', close: async () => undefined } });
-    const get = (authorization?: string) => app.inject({ method: 'GET', url: '/api/auth/main', headers: authorization ? { authorization } : {} });
+    await app.register(authRoutes, {
+      auth: { check: async (_p, t) => decisions[t as 'a' | 'b'] ?? 'allow', close: async () => undefined },
+    });
+    const get = (authorization?: string) =>
+      app.inject({ method: 'GET', url: '/api/auth/main', headers: authorization ? { authorization } : {} });
     expect((await get('Basic Zm9v')).statusCode).toBe(401);
     expect((await get('Bearer a')).statusCode).toBe(403);
     expect((await get('Bearer b')).statusCode).toBe(503);

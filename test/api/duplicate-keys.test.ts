@@ -18,7 +18,10 @@ const DOC =
 let proxy: RunningServerProxy;
 const t = tmpDir('dp-dupkeys-');
 beforeAll(async () => {
-  proxy = await startServerProxy({ db: `sqlite:${t.dir}/proxy.db`, port: 0, stateDir: `${t.dir}/state` }, { logger: pino({ level: 'silent' }) });
+  proxy = await startServerProxy(
+    { db: `sqlite:${t.dir}/proxy.db`, port: 0, stateDir: `${t.dir}/state` },
+    { logger: pino({ level: 'silent' }) },
+  );
 });
 afterAll(async () => {
   await proxy?.close();
@@ -34,7 +37,11 @@ it('PUT of JSON with a repeated key → 400 with the path, and nothing stored', 
   });
   expect(proxy.current().generation).toBe(0);
   // The same text without the repeat is fine.
-  const ok = await send(`${proxy.url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: DOC.replace(',"auth":false', '') });
+  const ok = await send(`${proxy.url}/api/v1/state`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: DOC.replace(',"auth":false', ''),
+  });
   expect(ok.status).toBe(200);
 });
 

@@ -40,7 +40,11 @@ describe('loopback addresses', () => {
 });
 
 describe('thisHostOnly', () => {
-  const request = (remoteAddress: string | undefined, localAddress: string | undefined, listening: string | null = '0.0.0.0'): FastifyRequest =>
+  const request = (
+    remoteAddress: string | undefined,
+    localAddress: string | undefined,
+    listening: string | null = '0.0.0.0',
+  ): FastifyRequest =>
     ({
       raw: { socket: { remoteAddress, localAddress } },
       server: { server: { address: () => (listening?.startsWith('/') ? listening : { address: listening, port: 8000 }) } },
@@ -70,7 +74,11 @@ describe('the gateway app', () => {
   it('answers /api/auth/:project to this host only; the model API and probes stay reachable', async () => {
     const local = await t.gw.app.inject({ url: '/api/auth/main' });
     expect(local.statusCode).toBe(401); // this host, no token: the check itself answers
-    const remote = await t.gw.app.inject({ url: '/api/auth/main', remoteAddress: '203.0.113.7', headers: { authorization: 'Bearer some-token-0123456789' } });
+    const remote = await t.gw.app.inject({
+      url: '/api/auth/main',
+      remoteAddress: '203.0.113.7',
+      headers: { authorization: 'Bearer some-token-0123456789' },
+    });
     expect(remote.statusCode).toBe(403);
     expect(remote.json()).toMatchObject({ code: 'DP_ERR_FORBIDDEN' });
     expect((await t.gw.app.inject({ url: '/healthz', remoteAddress: '203.0.113.7' })).statusCode).toBe(200);

@@ -76,14 +76,17 @@ let tlsStatus: StatusWriter;
 let tunnelRows: MetricSample[] = [];
 let reconnectRows: MetricSample[] = [];
 
-async function scrape(target: { inject: FastifyInstance['inject'] } = app): Promise<{ types: Map<string, string>; value: (name: string, labels?: Record<string, string>) => number | undefined }> {
+async function scrape(
+  target: { inject: FastifyInstance['inject'] } = app,
+): Promise<{ types: Map<string, string>; value: (name: string, labels?: Record<string, string>) => number | undefined }> {
   const r = await target.inject({ method: 'GET', url: '/metrics' });
   expect(r.statusCode).toBe(200);
   expect(r.headers['content-type']).toMatch(/^text\/plain; version=0\.0\.4/);
   const { types, samples } = parseExposition(r.body);
   return {
     types,
-    value: (name, labels = {}) => samples.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value,
+    value: (name, labels = {}) =>
+      samples.find((s) => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value,
   };
 }
 
@@ -112,7 +115,14 @@ beforeAll(async () => {
   httpPort = hp;
   echo = await startEcho('replica', { port: echoPort });
   const options = resolveOptions({
-    flags: { stateDir: join(tmp.dir, 'state'), apiPort: '0', httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', logLevel: 'silent' },
+    flags: {
+      stateDir: join(tmp.dir, 'state'),
+      apiPort: '0',
+      httpPort: String(httpPort),
+      httpsPort: String(httpsPort),
+      listenHost: '127.0.0.1',
+      logLevel: 'silent',
+    },
   });
   gw = await startGateway(options);
   sc = createStatsCollector({ accessLogPath: gw.paths.accessLog, startAt: 'start' });
@@ -120,8 +130,20 @@ beforeAll(async () => {
   tlsStatus = new StatusStore({ now: Date.now, generation: () => 1, onChange: () => {} }).writer();
   tls.start({ status: tlsStatus, trigger: () => {} });
   const tunnels: MetricFamily[] = [
-    { name: 'tunnel_up', help: 'Per replica tunnel: 1 when Ready.', type: 'gauge', labelNames: ['service', 'replica', 'state'], read: () => tunnelRows },
-    { name: 'tunnel_reconnects_total', help: 'Per replica tunnel reconnects.', type: 'counter', labelNames: ['service', 'replica'], read: () => reconnectRows },
+    {
+      name: 'tunnel_up',
+      help: 'Per replica tunnel: 1 when Ready.',
+      type: 'gauge',
+      labelNames: ['service', 'replica', 'state'],
+      read: () => tunnelRows,
+    },
+    {
+      name: 'tunnel_reconnects_total',
+      help: 'Per replica tunnel reconnects.',
+      type: 'counter',
+      labelNames: ['service', 'replica'],
+      read: () => reconnectRows,
+    },
   ];
   metrics = createMetrics({
     loops: () => gw.controller.counters(),
@@ -229,7 +251,15 @@ describe('GET /metrics', () => {
       nextAttemptTime: null,
     };
     tlsStatus.setOutputs('alpha.gw.test', cert);
-    tlsStatus.setOutputs('pending.gw.test', { ...cert, serial: null, certPath: null, keyPath: null, notAfter: null, renewalTime: null, failedAttempts: 3 });
+    tlsStatus.setOutputs('pending.gw.test', {
+      ...cert,
+      serial: null,
+      certPath: null,
+      keyPath: null,
+      notAfter: null,
+      renewalTime: null,
+      failedAttempts: 3,
+    });
     const m = await scrape();
     expect(m.value('dstack_proxy_tunnel_up', { service: 'main/alpha', replica: 'r1' })).toBe(1);
     expect(m.value('dstack_proxy_tunnel_reconnects_total', { replica: 'r1' })).toBe(2);

@@ -8,7 +8,15 @@ import type { TestNginx } from '../helpers/nginx.js';
 
 /** Render the document for `ng` and serve it. */
 export async function serveState(ng: TestNginx, state: ProxyState, apiUrl: string): Promise<void> {
-  const files = renderAll(buildViews(state, { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath, apiUrl }));
+  const files = renderAll(
+    buildViews(state, {
+      httpPort: ng.httpPort,
+      httpsPort: ng.httpsPort,
+      acmeWebroot: ng.acmeWebroot,
+      accessLogPath: ng.accessLogPath,
+      apiUrl,
+    }),
+  );
   for (const [name, text] of files) {
     const path = join(ng.paths.confDir, name);
     await mkdir(dirname(path), { recursive: true });

@@ -83,7 +83,10 @@ describe('dstack-proxy apply', () => {
   });
 
   it('rejects an invalid document with one path: message line per error, exit 1, nothing stored', async () => {
-    const bad = file('bad.yaml', 'apiVersion: proxy.dstack.ai/v1alpha1\nkind: ProxyState\nspec:\n  projects: [{ name: demo }]\n  services:\n    - { project: demo, run: x, domain: "x.example.com;", replicas: [] }\n');
+    const bad = file(
+      'bad.yaml',
+      'apiVersion: proxy.dstack.ai/v1alpha1\nkind: ProxyState\nspec:\n  projects: [{ name: demo }]\n  services:\n    - { project: demo, run: x, domain: "x.example.com;", replicas: [] }\n',
+    );
     const r = await apply(['-f', bad]);
     expect(r.code).toBe(1);
     expect(r.stdout).toBe('');
@@ -107,7 +110,9 @@ describe('dstack-proxy apply', () => {
     expect(r.stdout.split('\n')[0]).toBe('applied generation 3: 2 added, 0 changed, 0 removed');
     expect(r.stderr).toMatch(/^generation 3 failed to converge:\n/);
     // One line for the one problem: the failing action (its object's condition says the same).
-    expect(r.stderr).toMatch(/^generation 3 failed to converge:\n {2}nginx sites\/broken\.localhost\.conf: \[emerg\] unknown directive "no_such_directive" .*\(attempt \d+\)\n$/);
+    expect(r.stderr).toMatch(
+      /^generation 3 failed to converge:\n {2}nginx sites\/broken\.localhost\.conf: \[emerg\] unknown directive "no_such_directive" .*\(attempt \d+\)\n$/,
+    );
   });
 
   it('converges again once the broken site renders valid config', async () => {
@@ -153,8 +158,16 @@ describe('waitForConvergence', () => {
     observedGeneration: 5,
     loops: {
       nginx: {
-        conditions: [{ type: 'Ready', status: 'True', reason: 'Converged', message: '', observedGeneration: 4, lastTransitionTime: new Date(0) }],
-        objects: { 'a.localhost': { conditions: [{ type: 'Ready', status: 'True', reason: 'Applied', message: '', observedGeneration: 4, lastTransitionTime: new Date(0) }] } },
+        conditions: [
+          { type: 'Ready', status: 'True', reason: 'Converged', message: '', observedGeneration: 4, lastTransitionTime: new Date(0) },
+        ],
+        objects: {
+          'a.localhost': {
+            conditions: [
+              { type: 'Ready', status: 'True', reason: 'Applied', message: '', observedGeneration: 4, lastTransitionTime: new Date(0) },
+            ],
+          },
+        },
         failures: {},
       },
     },
@@ -175,13 +188,22 @@ describe('waitForConvergence', () => {
     expect(code).toBe(1);
     expect(polls).toBeGreaterThanOrEqual(3);
     expect(io.stdoutText).toBe('nginx: 0/1 objects ready (waiting for a pass at generation 5)\n');
-    expect(io.stderrText).toBe('timed out after 3.0s waiting for generation 5; not ready:\n  nginx: has not finished a pass at generation 5\n');
+    expect(io.stderrText).toBe(
+      'timed out after 3.0s waiting for generation 5; not ready:\n  nginx: has not finished a pass at generation 5\n',
+    );
   });
 
   it('exits 1 on a failing key once the loop passed at the generation', async () => {
     const failing: StatusResponse = structuredClone(stuck);
     failing.loops.nginx!.conditions = [
-      { type: 'Ready', status: 'False', reason: 'ActionsFailing', message: '1 failing: x: boom', observedGeneration: 5, lastTransitionTime: new Date(0) },
+      {
+        type: 'Ready',
+        status: 'False',
+        reason: 'ActionsFailing',
+        message: '1 failing: x: boom',
+        observedGeneration: 5,
+        lastTransitionTime: new Date(0),
+      },
     ];
     failing.loops.nginx!.failures = { 'sites/x.conf': { message: 'boom', attempts: 2, terminal: false } };
     const io = captureIo();

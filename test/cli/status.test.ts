@@ -43,8 +43,12 @@ describe('dstack-proxy status', () => {
     const lines = r.stdout.split('\n');
     expect(lines[0]).toMatch(/^generation 1 \(observed 1, hash [0-9a-f]{12}\): converged$/);
     expect(lines[2]).toMatch(/^LOOP +OBJECT +READY +REASON +MESSAGE +AGE$/);
-    expect(lines.find((l) => l.includes('hello.localhost'))).toMatch(/^nginx +hello\.localhost +True +Applied +served by nginx +\d+[smhd]$/);
-    expect(lines.find((l) => l.startsWith('nginx') && l.includes('(loop)'))).toMatch(/^nginx +\(loop\) +True +Converged +observed state matches desired state +\d+[smhd]$/);
+    expect(lines.find((l) => l.includes('hello.localhost'))).toMatch(
+      /^nginx +hello\.localhost +True +Applied +served by nginx +\d+[smhd]$/,
+    );
+    expect(lines.find((l) => l.startsWith('nginx') && l.includes('(loop)'))).toMatch(
+      /^nginx +\(loop\) +True +Converged +observed state matches desired state +\d+[smhd]$/,
+    );
     expect(r.stdout).not.toMatch(ANSI);
   });
 
@@ -98,20 +102,69 @@ const at = (gen: number, status: Condition['status'], reason: string, message = 
 });
 
 function snapshot(loopReady: Condition, objects: Record<string, Condition[]>, over: Partial<StatusResponse> = {}): StatusResponse {
-  return { generation: 3, hash: 'h', ready: true, observedGeneration: 3, loops: { nginx: { conditions: [loopReady], objects: Object.fromEntries(Object.entries(objects).map(([k, conditions]) => [k, { conditions }])), failures: {} } }, ...over };
+  return {
+    generation: 3,
+    hash: 'h',
+    ready: true,
+    observedGeneration: 3,
+    loops: {
+      nginx: {
+        conditions: [loopReady],
+        objects: Object.fromEntries(Object.entries(objects).map(([k, conditions]) => [k, { conditions }])),
+        failures: {},
+      },
+    },
+    ...over,
+  };
 }
 
 describe('assess(status, generation)', () => {
   const cases: [string, StatusResponse, { converged: boolean; failures: number; pending: number; ready: number }][] = [
-    ['an object the pass at the generation did not touch counts as ready', snapshot(at(3, 'True', 'Converged'), { a: [at(1, 'True', 'Applied')], b: [at(3, 'True', 'Applied')] }), { converged: true, failures: 0, pending: 0, ready: 2 }],
-    ['a loop that has not passed at the generation is pending', snapshot(at(2, 'True', 'Converged'), { a: [at(2, 'True', 'Applied')] }), { converged: false, failures: 0, pending: 1, ready: 0 }],
-    ['a rejected object at the generation is a failure', snapshot(at(3, 'True', 'Converged'), { a: [at(3, 'False', 'ConfigRejected', 'bad')] }), { converged: false, failures: 1, pending: 0, ready: 0 }],
-    ['Degraded=True at the generation is a failure even while the old version serves', snapshot(at(3, 'True', 'Converged'), { a: [at(3, 'True', 'ServingPrevious'), at(3, 'True', 'ConfigRejected', 'bad', 'Degraded')] }), { converged: false, failures: 1, pending: 0, ready: 0 }],
-    ['an object still working (Ready=False, not a failure reason) is pending', snapshot(at(3, 'True', 'Converged'), { a: [at(3, 'False', 'Issuing', 'waiting for ACME')] }), { converged: false, failures: 0, pending: 1, ready: 0 }],
-    ['a failed pass of the loop at the generation is a failure', snapshot(at(3, 'False', 'PassFailed', 'EACCES'), {}), { converged: false, failures: 1, pending: 0, ready: 0 }],
-    ['a failure from an older pass does not count yet', snapshot(at(2, 'False', 'PassFailed', 'EACCES'), {}), { converged: false, failures: 0, pending: 1, ready: 0 }],
-    ['a controller that has not read the generation is pending', snapshot(at(3, 'True', 'Converged'), {}, { observedGeneration: 2 }), { converged: false, failures: 0, pending: 1, ready: 0 }],
-    ['a gateway before its first pass is pending', snapshot(at(3, 'True', 'Converged'), {}, { ready: false }), { converged: false, failures: 0, pending: 1, ready: 0 }],
+    [
+      'an object the pass at the generation did not touch counts as ready',
+      snapshot(at(3, 'True', 'Converged'), { a: [at(1, 'True', 'Applied')], b: [at(3, 'True', 'Applied')] }),
+      { converged: true, failures: 0, pending: 0, ready: 2 },
+    ],
+    [
+      'a loop that has not passed at the generation is pending',
+      snapshot(at(2, 'True', 'Converged'), { a: [at(2, 'True', 'Applied')] }),
+      { converged: false, failures: 0, pending: 1, ready: 0 },
+    ],
+    [
+      'a rejected object at the generation is a failure',
+      snapshot(at(3, 'True', 'Converged'), { a: [at(3, 'False', 'ConfigRejected', 'bad')] }),
+      { converged: false, failures: 1, pending: 0, ready: 0 },
+    ],
+    [
+      'Degraded=True at the generation is a failure even while the old version serves',
+      snapshot(at(3, 'True', 'Converged'), { a: [at(3, 'True', 'ServingPrevious'), at(3, 'True', 'ConfigRejected', 'bad', 'Degraded')] }),
+      { converged: false, failures: 1, pending: 0, ready: 0 },
+    ],
+    [
+      'an object still working (Ready=False, not a failure reason) is pending',
+      snapshot(at(3, 'True', 'Converged'), { a: [at(3, 'False', 'Issuing', 'waiting for ACME')] }),
+      { converged: false, failures: 0, pending: 1, ready: 0 },
+    ],
+    [
+      'a failed pass of the loop at the generation is a failure',
+      snapshot(at(3, 'False', 'PassFailed', 'EACCES'), {}),
+      { converged: false, failures: 1, pending: 0, ready: 0 },
+    ],
+    [
+      'a failure from an older pass does not count yet',
+      snapshot(at(2, 'False', 'PassFailed', 'EACCES'), {}),
+      { converged: false, failures: 0, pending: 1, ready: 0 },
+    ],
+    [
+      'a controller that has not read the generation is pending',
+      snapshot(at(3, 'True', 'Converged'), {}, { observedGeneration: 2 }),
+      { converged: false, failures: 0, pending: 1, ready: 0 },
+    ],
+    [
+      'a gateway before its first pass is pending',
+      snapshot(at(3, 'True', 'Converged'), {}, { ready: false }),
+      { converged: false, failures: 0, pending: 1, ready: 0 },
+    ],
   ];
   it.each(cases)('%s', (_name, s, want) => {
     const a = assess(s, 3);
@@ -143,6 +196,14 @@ describe('format helpers', () => {
   ])('parseDuration(%j) = %j', (text, want) => expect(parseDuration(text)).toBe(want));
 
   it('aligns table columns and leaves the last one unpadded', () => {
-    expect(table(['A', 'BB', 'C'], [['xxx', 'y', 'z'], ['1', '22', '']])).toBe('A    BB  C\nxxx  y   z\n1    22');
+    expect(
+      table(
+        ['A', 'BB', 'C'],
+        [
+          ['xxx', 'y', 'z'],
+          ['1', '22', ''],
+        ],
+      ),
+    ).toBe('A    BB  C\nxxx  y   z\n1    22');
   });
 });

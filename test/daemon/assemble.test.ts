@@ -65,8 +65,16 @@ describe('assemble: one cleanup stack', () => {
         async listeners(d) {
           d.defer(() => released.push('acquired with the routes'));
           return [
-            { host: '127.0.0.1', port: first, app: { routes: [async (a) => void a.addHook('onClose', async () => void released.push('first app'))] } },
-            { host: '127.0.0.1', port: taken, app: { routes: [async (a) => void a.addHook('onClose', async () => void released.push('second app'))] } },
+            {
+              host: '127.0.0.1',
+              port: first,
+              app: { routes: [async (a) => void a.addHook('onClose', async () => void released.push('first app'))] },
+            },
+            {
+              host: '127.0.0.1',
+              port: taken,
+              app: { routes: [async (a) => void a.addHook('onClose', async () => void released.push('second app'))] },
+            },
           ];
         },
         readyWhen: 'done',

@@ -137,7 +137,10 @@ describe('dry run', () => {
     const filesBefore = await stampTree(t.gw.paths.confDir);
     const stateFileBefore = (await stampTree(t.stateDir)).get('state.json');
     const reloads = t.gw.nginxStats.reloads;
-    const doc = gatewayDoc([{ run: 'yaml', ports: [echoPort], clientMaxBodySize: 1234 }, { run: 'planned', ports: [echoPort] }]);
+    const doc = gatewayDoc([
+      { run: 'yaml', ports: [echoPort], clientMaxBodySize: 1234 },
+      { run: 'planned', ports: [echoPort] },
+    ]);
     const r = await putState(t, doc, { dryRun: true });
     expect(r.status, r.body).toBe(200);
     expect(r.json.dryRun).toBe(true);
@@ -170,8 +173,7 @@ describe('dry run', () => {
 });
 
 describe('secrets', () => {
-  const docWithKey = (key: string) =>
-    gatewayDoc([{ run: 'secret', ports: [echoPort] }, { run: 'idle' }], { sshPrivateKey: key });
+  const docWithKey = (key: string) => gatewayDoc([{ run: 'secret', ports: [echoPort] }, { run: 'idle' }], { sshPrivateKey: key });
 
   it('never returns a private key: GET state, PUT reply, dry-run plan', async () => {
     const put = await putState(t, docWithKey(SSH_KEY));

@@ -28,12 +28,12 @@ const MAX_DELAY_MS = 800;
 /** The gateway reloads at most once per second: a PUT this long after a start goes in at once. */
 const QUIET_MS = 1_100;
 
-
 /** Round k's document: 250 fixed services and 50 that change name every round; every site's body limit moves. */
 function roundDoc(k: number, port: number): { doc: Record<string, unknown>; domains: string[]; bodySize: number } {
   const bodySize = 1_000_000 + k;
   const services: SvcInput[] = [];
-  for (let j = 0; j < SERVICES; j++) services.push({ run: j < 250 ? `svc-${j}` : `r${k}-${j}`, ports: [port], clientMaxBodySize: bodySize });
+  for (let j = 0; j < SERVICES; j++)
+    services.push({ run: j < 250 ? `svc-${j}` : `r${k}-${j}`, ports: [port], clientMaxBodySize: bodySize });
   return { doc: gatewayDoc(services), domains: services.map((s) => `${s.run}.gw.test`), bodySize };
 }
 
@@ -42,13 +42,23 @@ function putRaw(apiPort: number, doc: unknown): Promise<{ status: number; genera
   return new Promise((resolve) => {
     const body = Buffer.from(JSON.stringify(doc));
     const req = httpRequest(
-      { host: '127.0.0.1', port: apiPort, method: 'PUT', path: '/api/v1/state', agent: false, headers: { 'content-type': 'application/json', 'content-length': String(body.length) } },
+      {
+        host: '127.0.0.1',
+        port: apiPort,
+        method: 'PUT',
+        path: '/api/v1/state',
+        agent: false,
+        headers: { 'content-type': 'application/json', 'content-length': String(body.length) },
+      },
       (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
         res.on('end', () => {
           try {
-            resolve({ status: res.statusCode ?? 0, generation: (JSON.parse(Buffer.concat(chunks).toString()) as { generation: number }).generation });
+            resolve({
+              status: res.statusCode ?? 0,
+              generation: (JSON.parse(Buffer.concat(chunks).toString()) as { generation: number }).generation,
+            });
           } catch {
             resolve(null);
           }

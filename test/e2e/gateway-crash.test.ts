@@ -54,7 +54,9 @@ async function echoServer(): Promise<number> {
 }
 
 async function siteReady(t: { apiPort: number }, domain: string, generation: number): Promise<true | undefined> {
-  const s = (await api(t, { path: '/api/v1/status' })).json as { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string; observedGeneration: number }[] }> }> };
+  const s = (await api(t, { path: '/api/v1/status' })).json as {
+    loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string; observedGeneration: number }[] }> }>;
+  };
   const ready = s.loops.nginx?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
   return ready?.status === 'True' && ready.observedGeneration >= generation ? true : undefined;
 }
@@ -126,11 +128,16 @@ describe('a private Nginx master killed with SIGKILL', () => {
     expect(t.gw.nginx!.pid).not.toBe(master);
 
     await t.gw.controller.whenIdle();
-    const status = (await api(t, { path: '/api/v1/status' })).json as { loops: { nginx: { objects: Record<string, { conditions: { type: string; status: string; reason: string; message: string }[] }> } } };
+    const status = (await api(t, { path: '/api/v1/status' })).json as {
+      loops: { nginx: { objects: Record<string, { conditions: { type: string; status: string; reason: string; message: string }[] }> } };
+    };
     const proc = status.loops.nginx.objects['(nginx)']?.conditions.find((c) => c.type === 'Ready');
     expect(proc).toMatchObject({ status: 'True', reason: 'Restarted' });
     expect(proc!.message).toMatch(/signal SIGKILL/);
-    expect(status.loops.nginx.objects['pub.gw.test']?.conditions.find((c) => c.type === 'Ready')).toMatchObject({ status: 'True', reason: 'Applied' });
+    expect(status.loops.nginx.objects['pub.gw.test']?.conditions.find((c) => c.type === 'Ready')).toMatchObject({
+      status: 'True',
+      reason: 'Applied',
+    });
     const metrics = (await api(t, { path: '/metrics' })).body;
     expect(metrics).toMatch(/^dstack_proxy_nginx_restarts_total 1$/m);
     expect(metrics).toMatch(new RegExp(`^dstack_proxy_nginx_stale_processes_stopped_total ${workers.length}$`, 'm'));

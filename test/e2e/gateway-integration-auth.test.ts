@@ -91,7 +91,13 @@ describe('auth through the control server', () => {
     const relay = await startTcpRelay(t.httpPort);
     try {
       const via = (token?: string) =>
-        call({ port: relay.port, host: PRIVATE, path: '/data', localAddress: '127.0.0.2', ...(token ? { headers: { authorization: `Bearer ${token}` } } : {}) });
+        call({
+          port: relay.port,
+          host: PRIVATE,
+          path: '/data',
+          localAddress: '127.0.0.2',
+          ...(token ? { headers: { authorization: `Bearer ${token}` } } : {}),
+        });
       expect((await via()).status).toBe(401);
       expect((await via(OUTSIDER)).status).toBe(403);
       // Straight from 127.0.0.1 as well.
@@ -136,14 +142,18 @@ describe('GET /metrics', () => {
 
     const [port] = (await freePorts(1)) as [number];
     apps.push(await startEcho('added', { port }));
-    const r = await putState(t, integrationDoc({ services: [...services, { run: 'added', domain: 'added.gw.test', replicas: [directReplica('added-r0', port)] }] }));
+    const r = await putState(
+      t,
+      integrationDoc({ services: [...services, { run: 'added', domain: 'added.gw.test', replicas: [directReplica('added-r0', port)] }] }),
+    );
     expect(r.status).toBe(200);
     await eventually(async () => ((await call({ port: t.httpPort, host: 'added.gw.test' })).status === 200 ? true : undefined), 30_000);
 
     const second = await scrape(t);
     expect(sampleValue(second, 'dstack_proxy_nginx_reloads_total')).toBeGreaterThan(reloads!);
     // The applied config's hash: present, a sha256, and different once a site was added.
-    const hashOf = (samples: typeof first): string | undefined => samples.find((s) => s.name === 'dstack_proxy_nginx_config_info')?.labels.hash;
+    const hashOf = (samples: typeof first): string | undefined =>
+      samples.find((s) => s.name === 'dstack_proxy_nginx_config_info')?.labels.hash;
     expect(hashOf(first)).toMatch(/^[0-9a-f]{64}$/);
     expect(hashOf(second)).toMatch(/^[0-9a-f]{64}$/);
     expect(hashOf(second)).not.toBe(hashOf(first));

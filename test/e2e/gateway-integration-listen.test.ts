@@ -21,7 +21,15 @@ beforeAll(async () => {
   replica = await startOpenAIReplica();
   t = await startGatewayWith({ listenHost: '::1', serverUrl: server.url });
   const doc = integrationDoc({
-    services: [{ run: 'open', domain: 'open.gw.test', auth: true, model: { name: MODEL, format: 'openai' }, replicas: [directReplica('open-r0', replica.port)] }],
+    services: [
+      {
+        run: 'open',
+        domain: 'open.gw.test',
+        auth: true,
+        model: { name: MODEL, format: 'openai' },
+        replicas: [directReplica('open-r0', replica.port)],
+      },
+    ],
   });
   expect((await putState(t, doc)).status).toBe(200);
 });

@@ -9,7 +9,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { putState, type TestGateway } from '../helpers/gateway.js';
 import { eventually } from '../helpers/nginx.js';
 import { startOpenAIReplica, type Replica } from '../models/replicas.js';
-import { call, directReplica, integrationDoc, startControlServer, startGatewayWith, type ControlServer, type Reply } from './integration-harness.js';
+import {
+  call,
+  directReplica,
+  integrationDoc,
+  startControlServer,
+  startGatewayWith,
+  type ControlServer,
+  type Reply,
+} from './integration-harness.js';
 
 const TOKEN_A = 'limits-member-a-0123456789';
 const TOKEN_B = 'limits-member-b-0123456789';
@@ -27,8 +35,20 @@ beforeAll(async () => {
   t = await startGatewayWith({ serverUrl: server.url });
   const doc = integrationDoc({
     services: [
-      { run: 'by-ip', domain: BY_IP, auth: true, model: { name: 'ip-model', format: 'openai' }, replicas: [directReplica('ip-r0', replica.port)] },
-      { run: 'by-header', domain: BY_HEADER, auth: true, model: { name: 'header-model', format: 'openai' }, replicas: [directReplica('hdr-r0', replica.port)] },
+      {
+        run: 'by-ip',
+        domain: BY_IP,
+        auth: true,
+        model: { name: 'ip-model', format: 'openai' },
+        replicas: [directReplica('ip-r0', replica.port)],
+      },
+      {
+        run: 'by-header',
+        domain: BY_HEADER,
+        auth: true,
+        model: { name: 'header-model', format: 'openai' },
+        replicas: [directReplica('hdr-r0', replica.port)],
+      },
     ],
     entrypoints: [{ domain: ENTRYPOINT }],
   }) as { spec: { services: { run: string; rateLimits?: unknown[] }[] } };
@@ -36,7 +56,11 @@ beforeAll(async () => {
     s.rateLimits = [{ prefix: '/v1', key: s.run === 'by-ip' ? { type: 'ipAddress' } : { type: 'header', header: 'X-Api-Key' }, rps: 0.01 }];
   }
   expect((await putState(t, doc)).status).toBe(200);
-  await eventually(async () => ((await chat('ip-model', { from: '127.0.0.9', token: TOKEN_A, entrypoint: false, path: '/models' })).status === 200 ? true : undefined), 30_000);
+  await eventually(
+    async () =>
+      (await chat('ip-model', { from: '127.0.0.9', token: TOKEN_A, entrypoint: false, path: '/models' })).status === 200 ? true : undefined,
+    30_000,
+  );
 });
 
 afterAll(async () => {
@@ -78,7 +102,15 @@ describe('limits keyed by client address on the model API', () => {
     // Another user from another address is not held back by the first one's requests.
     expect((await chat('ip-model', { from: '127.0.0.3', token: TOKEN_B, entrypoint: true })).status).toBe(200);
     // The same client on the service's own domain is in the same bucket.
-    const direct = await call({ port: t.httpPort, host: BY_IP, path: '/v1/chat/completions', method: 'POST', body: '{}', localAddress: '127.0.0.2', headers: { authorization: `Bearer ${TOKEN_A}`, 'content-type': 'application/json' } });
+    const direct = await call({
+      port: t.httpPort,
+      host: BY_IP,
+      path: '/v1/chat/completions',
+      method: 'POST',
+      body: '{}',
+      localAddress: '127.0.0.2',
+      headers: { authorization: `Bearer ${TOKEN_A}`, 'content-type': 'application/json' },
+    });
     expect(direct.status).toBe(429);
   });
 
@@ -97,7 +129,12 @@ describe('limits keyed by client address on the model API', () => {
 
   it('passes the client’s forwarding chain to the replica', async () => {
     const before = replica.received.length;
-    const r = await chat('ip-model', { from: '127.0.0.6', token: TOKEN_A, entrypoint: true, headers: { 'x-forwarded-for': '198.51.100.7' } });
+    const r = await chat('ip-model', {
+      from: '127.0.0.6',
+      token: TOKEN_A,
+      entrypoint: true,
+      headers: { 'x-forwarded-for': '198.51.100.7' },
+    });
     expect(r.status).toBe(200);
     const got = replica.received[before]!;
     expect(got.headers['x-real-ip']).toBe('127.0.0.6');
@@ -114,6 +151,8 @@ describe('limits keyed by a header on the model API', () => {
     expect((await key('key-1', '127.0.0.8')).status).toBe(429);
     expect((await key('key-2', '127.0.0.7')).status).toBe(200);
     // Straight to the API as well.
-    expect((await chat('header-model', { from: '127.0.0.9', token: TOKEN_A, entrypoint: false, headers: { 'x-api-key': 'key-2' } })).status).toBe(429);
+    expect(
+      (await chat('header-model', { from: '127.0.0.9', token: TOKEN_A, entrypoint: false, headers: { 'x-api-key': 'key-2' } })).status,
+    ).toBe(429);
   });
 });

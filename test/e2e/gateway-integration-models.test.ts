@@ -31,7 +31,11 @@ let t: TestGateway;
 /** Every name resolves to 127.0.0.1: the SDK keeps the entrypoint domain in its URLs and Host. */
 const loopback = new Agent({
   connect: {
-    lookup: (_host: string, opts: { all?: boolean }, cb: (err: Error | null, address: string | LookupAddress[], family?: number) => void) => {
+    lookup: (
+      _host: string,
+      opts: { all?: boolean },
+      cb: (err: Error | null, address: string | LookupAddress[], family?: number) => void,
+    ) => {
       if (opts.all) cb(null, [{ address: '127.0.0.1', family: 4 }]);
       else cb(null, '127.0.0.1', 4);
     },
@@ -39,7 +43,10 @@ const loopback = new Agent({
 });
 
 const viaLoopback = ((input: string | URL | Request, init?: RequestInit) =>
-  undiciFetch(input instanceof Request ? input.url : input, { ...(init as UndiciRequestInit), dispatcher: loopback })) as unknown as typeof fetch;
+  undiciFetch(input instanceof Request ? input.url : input, {
+    ...(init as UndiciRequestInit),
+    dispatcher: loopback,
+  })) as unknown as typeof fetch;
 
 beforeAll(async () => {
   server = await startControlServer({ main: [MEMBER] });

@@ -64,7 +64,9 @@ describe('replicas behind sshd', () => {
     expect(sshd.accepted()).toBeGreaterThanOrEqual(1);
 
     const status = await api(t, { path: '/api/v1/status' });
-    const objects = (status.json as { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string }[] }> }> }).loops.ssh?.objects ?? {};
+    const objects =
+      (status.json as { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string }[] }> }> }).loops.ssh
+        ?.objects ?? {};
     expect(objects['main/tunnel/tunnel-a']?.conditions.find((c) => c.type === 'Ready')?.status).toBe('True');
   });
 

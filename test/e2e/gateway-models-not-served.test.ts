@@ -12,7 +12,14 @@ import { TEST_KEY_A } from '../helpers/keys.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePort } from '../helpers/ports.js';
 import { startOpenAIReplica, type Replica } from '../models/replicas.js';
-import { directReplica, integrationDoc, startControlServer, startGatewayWith, type ControlServer, type ServiceDoc } from './integration-harness.js';
+import {
+  directReplica,
+  integrationDoc,
+  startControlServer,
+  startGatewayWith,
+  type ControlServer,
+  type ServiceDoc,
+} from './integration-harness.js';
 
 const MEMBER = 'model-member-token-0456';
 const root = process.getuid?.() === 0;
@@ -84,31 +91,35 @@ describe('the model API on the gateway answers JSON, never an HTML page', () => 
     expect(err.message).not.toMatch(/<html|<body|<center/i);
   });
 
-  it.skipIf(!root)('a model whose site is not live yet: 503 in the OpenAI error shape, not Nginx 404 HTML', async () => {
-    const sites = t.gw.paths.confDir;
-    execFileSync('mount', ['--bind', sites, sites]);
-    mounts.push(sites);
-    execFileSync('mount', ['-o', 'remount,bind,ro', sites]);
-    const r = await putState(t, integrationDoc({ sshPrivateKey: TEST_KEY_A, services: [served, unready(), notLive] }));
-    expect(r.status).toBe(200);
-    // Nginx itself has no site for the Host: its default server answers 404 HTML.
-    const raw = await send({ port: t.httpPort, method: 'POST', path: '/v1/chat/completions', host: notLive.domain, body: '{}' });
-    expect(raw.status).toBe(404);
-    expect(raw.headers['content-type']).toMatch(/text\/html/);
-    const err = await chatError('acme/pending');
-    expect(err.status).toBe(503);
-    expect(err.error).toMatchObject({ message: expect.stringMatching(/not live/), type: 'upstream_error', code: 503 });
-    expect(JSON.stringify(err.error)).not.toMatch(/<html|<body|<center|nginx/i);
+  it.skipIf(!root)(
+    'a model whose site is not live yet: 503 in the OpenAI error shape, not Nginx 404 HTML',
+    async () => {
+      const sites = t.gw.paths.confDir;
+      execFileSync('mount', ['--bind', sites, sites]);
+      mounts.push(sites);
+      execFileSync('mount', ['-o', 'remount,bind,ro', sites]);
+      const r = await putState(t, integrationDoc({ sshPrivateKey: TEST_KEY_A, services: [served, unready(), notLive] }));
+      expect(r.status).toBe(200);
+      // Nginx itself has no site for the Host: its default server answers 404 HTML.
+      const raw = await send({ port: t.httpPort, method: 'POST', path: '/v1/chat/completions', host: notLive.domain, body: '{}' });
+      expect(raw.status).toBe(404);
+      expect(raw.headers['content-type']).toMatch(/text\/html/);
+      const err = await chatError('acme/pending');
+      expect(err.status).toBe(503);
+      expect(err.error).toMatchObject({ message: expect.stringMatching(/not live/), type: 'upstream_error', code: 503 });
+      expect(JSON.stringify(err.error)).not.toMatch(/<html|<body|<center|nginx/i);
 
-    // Once the sites can be written, the same model answers.
-    execFileSync('umount', [sites]);
-    mounts.pop();
-    await t.gw.controller.reconcileAll();
-    await eventually(async () => {
-      const ok = await client()
-        .chat.completions.create({ model: 'acme/pending', messages: [{ role: 'user', content: 'hi' }] })
-        .catch(() => undefined);
-      return ok ? true : undefined;
-    }, 20_000);
-  }, 60_000);
+      // Once the sites can be written, the same model answers.
+      execFileSync('umount', [sites]);
+      mounts.pop();
+      await t.gw.controller.reconcileAll();
+      await eventually(async () => {
+        const ok = await client()
+          .chat.completions.create({ model: 'acme/pending', messages: [{ role: 'user', content: 'hi' }] })
+          .catch(() => undefined);
+        return ok ? true : undefined;
+      }, 20_000);
+    },
+    60_000,
+  );
 });

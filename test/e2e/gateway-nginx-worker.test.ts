@@ -109,11 +109,20 @@ describe.runIf(asRoot)('Nginx workers as www-data', () => {
   it('takes an upload larger than client_body_buffer_size through a temp file', async () => {
     const body = 'x'.repeat(1024 * 1024); // 1 MiB; the buffer is 16 KiB
     const errorLog = join(t.stateDir, 'nginx', 'logs', 'error.log');
-    const r = await call({ port: t.httpPort, host: SITE, path: '/upload', method: 'POST', body, headers: { 'content-type': 'text/plain' } });
+    const r = await call({
+      port: t.httpPort,
+      host: SITE,
+      path: '/upload',
+      method: 'POST',
+      body,
+      headers: { 'content-type': 'text/plain' },
+    });
     expect(r.status).toBe(200);
     expect(JSON.parse(r.body)).toEqual({ received: body.length });
     // Nginx says when it spooled a body to disk: the temp dir was writable by the worker.
-    await eventually(async () => ((await readFile(errorLog, 'utf8')).includes('a client request body is buffered to a temporary file') ? true : undefined));
+    await eventually(async () =>
+      (await readFile(errorLog, 'utf8')).includes('a client request body is buffered to a temporary file') ? true : undefined,
+    );
     expect(await readFile(errorLog, 'utf8')).not.toContain('(13: Permission denied)');
   });
 
@@ -127,7 +136,15 @@ describe.runIf(asRoot)('refused worker setups', () => {
   async function startIn(parent: string, flags: Record<string, string> = {}): Promise<unknown> {
     const [apiPort, httpPort, httpsPort] = (await freePorts(3)) as [number, number, number];
     const options = resolveOptions({
-      flags: { stateDir: join(parent, 'state'), apiPort: String(apiPort), httpPort: String(httpPort), httpsPort: String(httpsPort), listenHost: '127.0.0.1', logLevel: 'silent', ...flags },
+      flags: {
+        stateDir: join(parent, 'state'),
+        apiPort: String(apiPort),
+        httpPort: String(httpPort),
+        httpsPort: String(httpsPort),
+        listenHost: '127.0.0.1',
+        logLevel: 'silent',
+        ...flags,
+      },
     });
     return startGateway(options).then(
       async (gw) => {

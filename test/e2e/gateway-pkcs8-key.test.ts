@@ -44,7 +44,13 @@ afterAll(async () => {
 const doc = (privateKey: string) =>
   integrationDoc({
     sshPrivateKey: privateKey,
-    services: [{ run: 'pkcs8', domain: DOMAIN, replicas: [{ id: 'pkcs8-r0', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }] }],
+    services: [
+      {
+        run: 'pkcs8',
+        domain: DOMAIN,
+        replicas: [{ id: 'pkcs8-r0', appPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }],
+      },
+    ],
   });
 
 it('a PKCS#8 RSA project key: the replica becomes Ready and traffic flows through Nginx', async () => {
@@ -57,7 +63,9 @@ it('a PKCS#8 RSA project key: the replica becomes Ready and traffic flows throug
   }, 30_000);
   expect((JSON.parse(reply.body) as { name: string }).name).toBe('app-pkcs8');
   const status = await api(t, { path: '/api/v1/status' });
-  const objects = (status.json as { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string }[] }> }> }).loops.ssh?.objects ?? {};
+  const objects =
+    (status.json as { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string }[] }> }> }).loops.ssh
+      ?.objects ?? {};
   expect(objects['main/pkcs8/pkcs8-r0']?.conditions.find((c) => c.type === 'Ready')?.status).toBe('True');
   expect(sshd.accepted()).toBeGreaterThanOrEqual(1);
 }, 60_000);
@@ -69,7 +77,9 @@ it('a passphrase-protected key: 422 with the JSON path, no part of the key, noth
   const before = ((await api(t, { path: '/api/v1/state' })).json as { metadata: { generation: number } }).metadata.generation;
   const r = await putState(t, doc(locked));
   expect(r.status).toBe(422);
-  expect(r.json.errors).toEqual([{ path: '/spec/projects/0/sshPrivateKey', message: expect.stringMatching(/encrypted with a passphrase/) }]);
+  expect(r.json.errors).toEqual([
+    { path: '/spec/projects/0/sshPrivateKey', message: expect.stringMatching(/encrypted with a passphrase/) },
+  ]);
   for (const line of keyBody(locked)) expect(r.body).not.toContain(line.slice(0, 24));
   expect(((await api(t, { path: '/api/v1/state' })).json as { metadata: { generation: number } }).metadata.generation).toBe(before);
 });

@@ -26,7 +26,12 @@ afterAll(async () => {
   await new Promise<void>((r) => (echo ? echo.close(() => r()) : r()));
 });
 
-type Status = { loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string; reason: string; observedGeneration: number }[] }> }> };
+type Status = {
+  loops: Record<
+    string,
+    { objects: Record<string, { conditions: { type: string; status: string; reason: string; observedGeneration: number }[] }> }
+  >;
+};
 
 /** What a control server does: poll GET /api/v1/status until the site says Applied at `generation`. */
 async function appliedAt(t: TestGateway, domain: string, generation: number): Promise<void> {

@@ -102,7 +102,9 @@ describe('a removal never stalls the gateway', () => {
     }
     expect([...seen.keys()].filter((s) => s !== 200 && s !== 404)).toEqual([]);
     expect(connectFailures(errorLog()) - failuresBefore).toBe(0);
-    console.log(`[removal] d answered 404 ${goneMs} ms after the PUT removing it; requests to d meanwhile: ${JSON.stringify(Object.fromEntries(seen))}`);
+    console.log(
+      `[removal] d answered 404 ${goneMs} ms after the PUT removing it; requests to d meanwhile: ${JSON.stringify(Object.fromEntries(seen))}`,
+    );
   }, 120_000);
 });
 

@@ -44,7 +44,8 @@ const domains = (): string[] => [...Array.from({ length: HTTPS_SERVICES }, (_, i
 async function allServed(port: number, names: string[], since: number): Promise<number> {
   let left = names;
   while (left.length > 0) {
-    if (Date.now() - since > DEADLINE_MS) throw new Error(`${left.length} of ${names.length} sites not served after ${DEADLINE_MS} ms (e.g. ${left[0]})`);
+    if (Date.now() - since > DEADLINE_MS)
+      throw new Error(`${left.length} of ${names.length} sites not served after ${DEADLINE_MS} ms (e.g. ${left[0]})`);
     const next: string[] = [];
     for (let i = 0; i < left.length; i += 25) {
       const batch = left.slice(i, i + 25);
@@ -82,9 +83,14 @@ describe('the TLS loop never holds back Nginx', () => {
     const servedMs = await allServed(first.httpPort, domains(), t0);
     // The TLS loop reports every domain as waiting for DNS (it re-checks every 30 s, so it is
     // never idle for long: poll its status), and spends no ACME attempt.
-    type Status = { generation: number; observedGeneration: number; loops: Record<string, { objects: Record<string, { conditions: { type: string; reason: string }[] }> }> };
+    type Status = {
+      generation: number;
+      observedGeneration: number;
+      loops: Record<string, { objects: Record<string, { conditions: { type: string; reason: string }[] }> }>;
+    };
     const dnsNotReady = (s: Status) =>
-      Object.values(s.loops.tls?.objects ?? {}).filter((cs) => cs.conditions.some((c) => c.type === 'Ready' && c.reason === 'DNSNotReady')).length;
+      Object.values(s.loops.tls?.objects ?? {}).filter((cs) => cs.conditions.some((c) => c.type === 'Ready' && c.reason === 'DNSNotReady'))
+        .length;
     let status: Status;
     for (;;) {
       status = (await api(first, { path: '/api/v1/status' })).json as Status;
@@ -111,6 +117,8 @@ describe('the TLS loop never holds back Nginx', () => {
     await second;
     const servedAgainMs = await allServed(ports.httpPort, domains(), t1);
     // Figures for the report (machine-relative); the test asserts only the bounded polls.
-    console.log(`[tls-pending] 301 sites served ${servedMs} ms after the PUT; /readyz 200 ${readyMs} ms after the restart; all served ${servedAgainMs} ms after it`);
+    console.log(
+      `[tls-pending] 301 sites served ${servedMs} ms after the PUT; /readyz 200 ${readyMs} ms after the restart; all served ${servedAgainMs} ms after it`,
+    );
   }, 240_000);
 });

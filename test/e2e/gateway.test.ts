@@ -33,7 +33,11 @@ let ports: [number, number, number];
 
 beforeAll(async () => {
   ports = (await freePorts(3)) as [number, number, number];
-  echoes.push(await startEcho('a0', { port: ports[0] }), await startEcho('a1', { port: ports[1] }), await startEcho('b0', { port: ports[2] }));
+  echoes.push(
+    await startEcho('a0', { port: ports[0] }),
+    await startEcho('a1', { port: ports[1] }),
+    await startEcho('b0', { port: ports[2] }),
+  );
 });
 
 afterAll(async () => {
@@ -116,14 +120,27 @@ describe('data path, idempotency and removal', () => {
       generation: number;
       observedGeneration: number;
       ready: boolean;
-      loops: Record<string, { conditions: { type: string; status: string }[]; objects: Record<string, { conditions: { type: string; status: string }[] }> }>;
+      loops: Record<
+        string,
+        { conditions: { type: string; status: string }[]; objects: Record<string, { conditions: { type: string; status: string }[] }> }
+      >;
     };
     expect(status).toMatchObject({ generation: 1, observedGeneration: 1, ready: true });
     const nginx = status.loops.nginx!;
     expect(nginx.conditions.find((c) => c.type === 'Ready')).toMatchObject({ status: 'True' });
-    expect(Object.keys(nginx.objects).sort()).toEqual(['alpha.gw.test', 'beta.gw.test', 'empty.gw.test', 'global', 'limited-auth.gw.test', 'limited.gw.test']);
+    expect(Object.keys(nginx.objects).sort()).toEqual([
+      'alpha.gw.test',
+      'beta.gw.test',
+      'empty.gw.test',
+      'global',
+      'limited-auth.gw.test',
+      'limited.gw.test',
+    ]);
     for (const [key, { conditions: conds }] of Object.entries(nginx.objects)) {
-      expect(conds.find((c) => c.type === 'Ready'), key).toMatchObject({ status: 'True' });
+      expect(
+        conds.find((c) => c.type === 'Ready'),
+        key,
+      ).toMatchObject({ status: 'True' });
     }
   });
 
@@ -220,7 +237,13 @@ describe('drift repair by the periodic resync', () => {
   let t: TestGateway;
   beforeAll(async () => {
     t = await startTestGateway({ resyncInterval: 0.5 });
-    const r = await putState(t, gatewayDoc([{ run: 'alpha', ports: [ports[0]] }, { run: 'beta', ports: [ports[2]] }]));
+    const r = await putState(
+      t,
+      gatewayDoc([
+        { run: 'alpha', ports: [ports[0]] },
+        { run: 'beta', ports: [ports[2]] },
+      ]),
+    );
     expect(r.status, r.body).toBe(200);
   });
   afterAll(async () => {
@@ -272,7 +295,9 @@ describe('isolation of a site that fails nginx -t', () => {
   const broken = new Set(['broken.gw.test']);
   type Conditions = { type: string; status: string; reason: string; message: string }[];
   const nginxObjects = async (): Promise<Record<string, { conditions: Conditions }>> => {
-    const status = (await api(t, { path: '/api/v1/status' })).json as { loops: Record<string, { objects: Record<string, { conditions: Conditions }> }> };
+    const status = (await api(t, { path: '/api/v1/status' })).json as {
+      loops: Record<string, { objects: Record<string, { conditions: Conditions }> }>;
+    };
     return status.loops.nginx!.objects;
   };
   beforeAll(async () => {
@@ -290,7 +315,7 @@ describe('isolation of a site that fails nginx -t', () => {
     await t?.cleanup();
   });
 
-  it('holds the broken site back, reports it Degraded with nginx\'s message, serves the rest', async () => {
+  it("holds the broken site back, reports it Degraded with nginx's message, serves the rest", async () => {
     const r = await putState(
       t,
       gatewayDoc([
@@ -306,7 +331,10 @@ describe('isolation of a site that fails nginx -t', () => {
     await expect(readFile(siteFile(t, 'broken.gw.test'))).rejects.toMatchObject({ code: 'ENOENT' });
 
     const status = (await api(t, { path: '/api/v1/status' })).json as {
-      loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string; reason: string; message: string }[] }> }>;
+      loops: Record<
+        string,
+        { objects: Record<string, { conditions: { type: string; status: string; reason: string; message: string }[] }> }
+      >;
     };
     const broken = status.loops.nginx!.objects['broken.gw.test']!.conditions;
     const degraded = broken.find((c) => c.type === 'Degraded');
@@ -381,7 +409,13 @@ describe('restart', () => {
   it('a restart on the same state dir rewrites nothing, reloads nothing, keeps the generation', async () => {
     const first = await startTestGateway();
     try {
-      const r = await putState(first, gatewayDoc([{ run: 'alpha', ports: [ports[0]] }, { run: 'beta', auth: true, ports: [ports[2]] }]));
+      const r = await putState(
+        first,
+        gatewayDoc([
+          { run: 'alpha', ports: [ports[0]] },
+          { run: 'beta', auth: true, ports: [ports[2]] },
+        ]),
+      );
       expect(r.json.generation).toBe(1);
       await first.close();
       const before = await stampTree(first.gw.paths.confDir);

@@ -87,8 +87,7 @@ export interface SshEndpoint {
 }
 
 export type ReplicaDoc =
-  | { id: string; appPort: number; ssh: SshEndpoint }
-  | { id: string; appPort: number; direct: { host: string; port: number } };
+  { id: string; appPort: number; ssh: SshEndpoint } | { id: string; appPort: number; direct: { host: string; port: number } };
 
 export interface ServiceDoc {
   run: string;
@@ -225,7 +224,8 @@ export function parsePrometheus(text: string): Sample[] {
 export async function scrape(t: TestGateway): Promise<Sample[]> {
   const r = await api(t, { path: '/metrics' });
   if (r.status !== 200) throw new Error(`/metrics answered ${r.status}`);
-  if (!String(r.headers['content-type']).startsWith('text/plain')) throw new Error(`/metrics content-type ${String(r.headers['content-type'])}`);
+  if (!String(r.headers['content-type']).startsWith('text/plain'))
+    throw new Error(`/metrics content-type ${String(r.headers['content-type'])}`);
   return parsePrometheus(r.body);
 }
 

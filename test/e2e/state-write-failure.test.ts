@@ -26,7 +26,8 @@ let echoPort: number;
 
 const docA = () => gatewayDoc([{ run: 'kept', ports: [echoPort] }]);
 /** Larger than what is left on the full disk. */
-const docB = () => gatewayDoc([{ run: 'kept', ports: [echoPort] }, ...Array.from({ length: 200 }, (_, i) => ({ run: `new-${i}`, ports: [echoPort] }))]);
+const docB = () =>
+  gatewayDoc([{ run: 'kept', ports: [echoPort] }, ...Array.from({ length: 200 }, (_, i) => ({ run: `new-${i}`, ports: [echoPort] }))]);
 
 const temps = (): string[] => readdirSync(stateDir).filter((n) => n.startsWith('.state.json.tmp-'));
 const served = async (): Promise<number> => (await send({ port: t.httpPort, host: `kept.${GW_DOMAIN}` })).status;

@@ -40,7 +40,11 @@ describe('removeStaleSocket', () => {
     await new Promise<void>((r) => srv.listen(live, r));
     const dead = join(dir, 'dead.sock');
     // A listener killed outright leaves its file behind.
-    await execa(process.execPath, ['-e', `require('node:net').createServer().listen(${JSON.stringify(dead)}, () => process.kill(process.pid, 'SIGKILL'))`], { reject: false });
+    await execa(
+      process.execPath,
+      ['-e', `require('node:net').createServer().listen(${JSON.stringify(dead)}, () => process.kill(process.pid, 'SIGKILL'))`],
+      { reject: false },
+    );
     expect(existsSync(dead)).toBe(true);
     await removeStaleSocket(dead);
     await removeStaleSocket(live);

@@ -59,14 +59,22 @@ async function gatewayFlags(extra: string[]): Promise<{ args: string[]; apiPort:
   const stateDir = join(tmp.dir, `gw${n++}`);
   const args = [
     'gateway',
-    '--state-dir', stateDir,
-    '--api-port', String(apiPort),
-    '--http-port', String(httpPort),
-    '--https-port', String(httpsPort),
-    '--listen-host', '127.0.0.1',
-    '--server-url', control.url,
-    '--resync-interval', '3600',
-    '--log-level', 'warn',
+    '--state-dir',
+    stateDir,
+    '--api-port',
+    String(apiPort),
+    '--http-port',
+    String(httpPort),
+    '--https-port',
+    String(httpsPort),
+    '--listen-host',
+    '127.0.0.1',
+    '--server-url',
+    control.url,
+    '--resync-interval',
+    '3600',
+    '--log-level',
+    'warn',
     ...extra,
   ];
   return { args, apiPort, httpPort, stateDir };
@@ -137,7 +145,13 @@ describe('gateway: the management API beyond loopback', () => {
 
     // The data path: Nginx asks /api/auth/main (no management token) and lets a member through.
     const site = (token?: string): Promise<Reply> =>
-      call({ port: g.httpPort, host: DOMAIN, path: '/data', localAddress: OUTSIDE, ...(token ? { headers: { authorization: `Bearer ${token}` } } : {}) });
+      call({
+        port: g.httpPort,
+        host: DOMAIN,
+        path: '/data',
+        localAddress: OUTSIDE,
+        ...(token ? { headers: { authorization: `Bearer ${token}` } } : {}),
+      });
     // Until the reload's old workers stop accepting, a connection may still meet the previous
     // configuration (no site yet: the default server's 404); wait each answer past that.
     const served = (token?: string): Promise<Reply> =>

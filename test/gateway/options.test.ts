@@ -10,7 +10,15 @@ afterAll(() => t.cleanup());
 describe('gateway options', () => {
   it('has the documented defaults', () => {
     const o = resolveOptions({});
-    expect(o).toMatchObject({ apiHost: '127.0.0.1', apiPort: 8000, nginx: 'private', httpPort: 80, httpsPort: 443, resyncInterval: 60, proxyReadTimeout: 300 });
+    expect(o).toMatchObject({
+      apiHost: '127.0.0.1',
+      apiPort: 8000,
+      nginx: 'private',
+      httpPort: 80,
+      httpsPort: 443,
+      resyncInterval: 60,
+      proxyReadTimeout: 300,
+    });
   });
 
   it('takes defaults < config file < env < flags', () => {

@@ -48,16 +48,30 @@ describe('gateway: state.json edited from outside', () => {
 
     // Another writer's document: generation 2 with a second service.
     const file = join(t.stateDir, 'state.json');
-    await writeFile(file, stateFile(gatewayDoc([{ run: 'first', ports: [echoPort] }, { run: 'edited', ports: [echoPort] }]), 2));
+    await writeFile(
+      file,
+      stateFile(
+        gatewayDoc([
+          { run: 'first', ports: [echoPort] },
+          { run: 'edited', ports: [echoPort] },
+        ]),
+        2,
+      ),
+    );
     const served = await eventually(async () => {
       const r = await send({ port: t.httpPort, host: 'edited.gw.test' });
       return r.status === 200 ? r : undefined;
     });
     expect(JSON.parse(served.body)).toMatchObject({ name: 'edited' });
     expect(await generationOf()).toBe(2);
-    const status = (await api(t, { path: '/api/v1/status' })).json as { observedGeneration: number; store: { generation: number; lastError?: unknown } };
+    const status = (await api(t, { path: '/api/v1/status' })).json as {
+      observedGeneration: number;
+      store: { generation: number; lastError?: unknown };
+    };
     expect(status.store).toMatchObject({ kind: 'file', generation: 2 });
-    await eventually(async () => (((await api(t, { path: '/api/v1/status' })).json as { observedGeneration: number }).observedGeneration === 2 ? true : undefined));
+    await eventually(async () =>
+      ((await api(t, { path: '/api/v1/status' })).json as { observedGeneration: number }).observedGeneration === 2 ? true : undefined,
+    );
 
     // A hand edit that breaks the hash: reported, never applied; both sites keep answering.
     const text = await readFile(file, 'utf8');

@@ -23,7 +23,11 @@ export interface CliGatewayPorts {
 }
 
 /** Start it; resolves once /readyz answers 200 (the first reconcile pass has finished). */
-export async function startCliGateway(stateDir: string, ports: CliGatewayPorts, opts: { readyTimeoutMs?: number } = {}): Promise<CliGateway> {
+export async function startCliGateway(
+  stateDir: string,
+  ports: CliGatewayPorts,
+  opts: { readyTimeoutMs?: number } = {},
+): Promise<CliGateway> {
   const args = ['gateway', '--state-dir', stateDir, '--api-port', String(ports.apiPort), '--http-port', String(ports.httpPort)];
   args.push('--https-port', String(ports.httpsPort), '--listen-host', '127.0.0.1', '--log-level', 'warn', '--resync-interval', '3600');
   const child = spawn(process.execPath, [CLI, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });

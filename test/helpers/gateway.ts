@@ -221,7 +221,9 @@ export interface PutReply {
   changed: boolean;
   dryRun?: boolean;
   plan: {
-    document: { changes: { kind: string; key: string; op: string; fields?: { field: string; old?: unknown; new?: unknown; secret?: true }[] }[] };
+    document: {
+      changes: { kind: string; key: string; op: string; fields?: { field: string; old?: unknown; new?: unknown; secret?: true }[] }[];
+    };
     loops: Record<string, { actions: { key: string; kind: string; summary: string; diff?: string }[]; notes?: Record<string, unknown> }>;
   };
   code?: string;

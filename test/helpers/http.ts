@@ -52,7 +52,9 @@ export async function startEcho(name: string, listen: { port: number } | { path:
     res.end(JSON.stringify({ name, method: req.method, url: req.url, headers: req.headers }));
   });
   srv.on('upgrade', (req, socket) => {
-    socket.end(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: ${req.headers.upgrade ?? ''}\r\nConnection: Upgrade\r\nX-Echo: ${name}\r\n\r\n`);
+    socket.end(
+      `HTTP/1.1 101 Switching Protocols\r\nUpgrade: ${req.headers.upgrade ?? ''}\r\nConnection: Upgrade\r\nX-Echo: ${name}\r\n\r\n`,
+    );
   });
   await new Promise<void>((resolve, reject) => {
     srv.once('error', reject);

@@ -46,14 +46,7 @@ export function keyBody(pem: string): string[] {
 }
 
 export type KeyFormat =
-  | 'rsa-openssh'
-  | 'rsa-pkcs1'
-  | 'rsa-pkcs8'
-  | 'ecdsa-openssh'
-  | 'ecdsa-sec1'
-  | 'ecdsa-pkcs8'
-  | 'ed25519-openssh'
-  | 'ed25519-pkcs8';
+  'rsa-openssh' | 'rsa-pkcs1' | 'rsa-pkcs8' | 'ecdsa-openssh' | 'ecdsa-sec1' | 'ecdsa-pkcs8' | 'ed25519-openssh' | 'ed25519-pkcs8';
 
 export const KEY_FORMATS: KeyFormat[] = [
   'rsa-openssh',

@@ -105,13 +105,70 @@ export async function startPebble(opts: { eab?: Record<string, string> } = {}): 
 
 async function makeListenerCert(dir: string): Promise<void> {
   const o = { cwd: dir };
-  await execa('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', 'ca.key', '-out', 'ca.pem', '-days', '3650', '-subj', '/CN=test pebble listener CA'], o);
-  await execa('openssl', ['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', 'key.pem', '-out', 'req.csr', '-subj', '/CN=localhost'], o);
+  await execa(
+    'openssl',
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'ec',
+      '-pkeyopt',
+      'ec_paramgen_curve:P-256',
+      '-nodes',
+      '-keyout',
+      'ca.key',
+      '-out',
+      'ca.pem',
+      '-days',
+      '3650',
+      '-subj',
+      '/CN=test pebble listener CA',
+    ],
+    o,
+  );
+  await execa(
+    'openssl',
+    [
+      'req',
+      '-newkey',
+      'ec',
+      '-pkeyopt',
+      'ec_paramgen_curve:P-256',
+      '-nodes',
+      '-keyout',
+      'key.pem',
+      '-out',
+      'req.csr',
+      '-subj',
+      '/CN=localhost',
+    ],
+    o,
+  );
   await writeFile(
     join(dir, 'ext.cnf'),
     'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n',
   );
-  await execa('openssl', ['x509', '-req', '-in', 'req.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-out', 'cert.pem', '-days', '3650', '-extfile', 'ext.cnf'], o);
+  await execa(
+    'openssl',
+    [
+      'x509',
+      '-req',
+      '-in',
+      'req.csr',
+      '-CA',
+      'ca.pem',
+      '-CAkey',
+      'ca.key',
+      '-CAcreateserial',
+      '-out',
+      'cert.pem',
+      '-days',
+      '3650',
+      '-extfile',
+      'ext.cnf',
+    ],
+    o,
+  );
 }
 
 /** GET over HTTPS trusting `ca`; the body on 200, else null. */

@@ -18,11 +18,15 @@ export async function freePort(host = '127.0.0.1'): Promise<number> {
 /** n distinct free ports (held open together so the kernel can't hand out one twice). */
 export async function freePorts(n: number, host = '127.0.0.1'): Promise<number[]> {
   const servers = await Promise.all(
-    Array.from({ length: n }, () => new Promise<import('node:net').Server>((resolve, reject) => {
-      const srv = createServer();
-      srv.once('error', reject);
-      srv.listen(0, host, () => resolve(srv));
-    })),
+    Array.from(
+      { length: n },
+      () =>
+        new Promise<import('node:net').Server>((resolve, reject) => {
+          const srv = createServer();
+          srv.once('error', reject);
+          srv.listen(0, host, () => resolve(srv));
+        }),
+    ),
   );
   const ports = servers.map((s) => {
     const a = s.address();

@@ -106,7 +106,12 @@ export async function startSshd(opts: { dir: string; authorizedKeys: string[]; p
       return child?.pid ?? 0;
     },
     fingerprint: () => execFileSync('ssh-keygen', ['-lf', `${hostKey}.pub`], { encoding: 'utf8' }).split(' ')[1] ?? '',
-    accepted: () => (existsSync(logPath) ? readFileSync(logPath, 'utf8').split('\n').filter((l) => l.includes('Accepted publickey')).length : 0),
+    accepted: () =>
+      existsSync(logPath)
+        ? readFileSync(logPath, 'utf8')
+            .split('\n')
+            .filter((l) => l.includes('Accepted publickey')).length
+        : 0,
     kill,
     pause: () => signal('SIGSTOP'),
     resume: () => signal('SIGCONT'),

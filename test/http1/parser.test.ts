@@ -60,21 +60,71 @@ function splits(text: string): string[][] {
 }
 
 const VALID: [string, string, { head?: boolean; eof?: boolean }, Partial<Parsed>][] = [
-  ['content-length', 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello', {}, { status: 200, reason: 'OK', body: 'hello', keepAlive: true, headers: ['Content-Type', 'text/plain', 'Content-Length', '5'] }],
-  ['no reason phrase, OWS trimmed', 'HTTP/1.1 404\r\nX-A:  \t v  \t\r\nContent-Length:0\r\n\r\n', {}, { status: 404, reason: '', body: '', keepAlive: true, headers: ['X-A', 'v', 'Content-Length', '0'] }],
-  ['chunked with extensions and trailers', 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;a=b\r\nhello\r\nA \r\n, world!!!\r\n0\r\nX-Trailer: 1\r\n\r\n', {}, { body: 'hello, world!!!', keepAlive: true }],
-  ['chunked, upper-case hex, empty trailers', 'HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, CHUNKED\r\n\r\n1F\r\n0123456789012345678901234567890\r\n0\r\n\r\n', {}, { body: '0123456789012345678901234567890', keepAlive: true }],
-  ['until close', 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nstream until the end', { eof: true }, { body: 'stream until the end', keepAlive: false }],
-  ['unknown transfer coding: until close', 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabcdef', { eof: true }, { body: 'abcdef', keepAlive: false }],
-  ['HEAD has no body whatever the length', 'HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n', { head: true }, { status: 200, body: '', keepAlive: true }],
+  [
+    'content-length',
+    'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello',
+    {},
+    { status: 200, reason: 'OK', body: 'hello', keepAlive: true, headers: ['Content-Type', 'text/plain', 'Content-Length', '5'] },
+  ],
+  [
+    'no reason phrase, OWS trimmed',
+    'HTTP/1.1 404\r\nX-A:  \t v  \t\r\nContent-Length:0\r\n\r\n',
+    {},
+    { status: 404, reason: '', body: '', keepAlive: true, headers: ['X-A', 'v', 'Content-Length', '0'] },
+  ],
+  [
+    'chunked with extensions and trailers',
+    'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;a=b\r\nhello\r\nA \r\n, world!!!\r\n0\r\nX-Trailer: 1\r\n\r\n',
+    {},
+    { body: 'hello, world!!!', keepAlive: true },
+  ],
+  [
+    'chunked, upper-case hex, empty trailers',
+    'HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, CHUNKED\r\n\r\n1F\r\n0123456789012345678901234567890\r\n0\r\n\r\n',
+    {},
+    { body: '0123456789012345678901234567890', keepAlive: true },
+  ],
+  [
+    'until close',
+    'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nstream until the end',
+    { eof: true },
+    { body: 'stream until the end', keepAlive: false },
+  ],
+  [
+    'unknown transfer coding: until close',
+    'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabcdef',
+    { eof: true },
+    { body: 'abcdef', keepAlive: false },
+  ],
+  [
+    'HEAD has no body whatever the length',
+    'HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n',
+    { head: true },
+    { status: 200, body: '', keepAlive: true },
+  ],
   ['204', 'HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n', {}, { status: 204, body: '', keepAlive: true }],
   ['304', 'HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n', {}, { status: 304, body: '', keepAlive: true }],
-  ['100 and 103 skipped', 'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok', {}, { status: 201, body: 'ok', headers: ['Content-Length', '2'] }],
+  [
+    '100 and 103 skipped',
+    'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok',
+    {},
+    { status: 201, body: 'ok', headers: ['Content-Length', '2'] },
+  ],
   ['Connection: close', 'HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx', {}, { body: 'x', keepAlive: false }],
   ['HTTP/1.0 closes by default', 'HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx', {}, { keepAlive: false }],
   ['HTTP/1.0 with keep-alive', 'HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 1\r\n\r\nx', {}, { keepAlive: true }],
-  ['repeated equal Content-Length', 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\nab', {}, { body: 'ab', keepAlive: true }],
-  ['latin1 bytes in values', 'HTTP/1.1 200 OK\r\nX-Name: caf\xe9\r\nContent-Length: 0\r\n\r\n', {}, { headers: ['X-Name', 'caf\xe9', 'Content-Length', '0'] }],
+  [
+    'repeated equal Content-Length',
+    'HTTP/1.1 200 OK\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\nab',
+    {},
+    { body: 'ab', keepAlive: true },
+  ],
+  [
+    'latin1 bytes in values',
+    'HTTP/1.1 200 OK\r\nX-Name: caf\xe9\r\nContent-Length: 0\r\n\r\n',
+    {},
+    { headers: ['X-Name', 'caf\xe9', 'Content-Length', '0'] },
+  ],
 ];
 
 describe('valid responses', () => {
@@ -92,12 +142,15 @@ describe('valid responses', () => {
     ['after a chunked body', ['HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n'], true],
     ['after a 204', ['HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\n'], false],
     ['after Content-Length: 0', ['HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nx'], false],
-  ] as const)('a body longer than declared (%s) is an error, not a complete response; before the head when it came with it', (_name, chunks, headSeen) => {
-    const r = parse([...chunks]);
-    expect(r.error).toMatch(/longer than|bytes after/);
-    expect(r.ended).toBe(false);
-    expect(r.status !== undefined).toBe(headSeen);
-  });
+  ] as const)(
+    'a body longer than declared (%s) is an error, not a complete response; before the head when it came with it',
+    (_name, chunks, headSeen) => {
+      const r = parse([...chunks]);
+      expect(r.error).toMatch(/longer than|bytes after/);
+      expect(r.ended).toBe(false);
+      expect(r.status !== undefined).toBe(headSeen);
+    },
+  );
 
   it('hands over the length it frames by: Content-Length, -1 for chunked and until-close, the declared one for HEAD', () => {
     const lengthOf = (text: string, head = false): number => {
@@ -159,7 +212,10 @@ const INVALID: [string, string][] = [
   ['negative Content-Length', 'HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n'],
   ['Content-Length list', 'HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\n\r\n'],
   ['conflicting Content-Length', 'HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxx'],
-  ['both Transfer-Encoding and Content-Length', 'HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n'],
+  [
+    'both Transfer-Encoding and Content-Length',
+    'HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n',
+  ],
   ['an unknown transfer coding with a Content-Length', 'HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc'],
   ['101 without asking', 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n'],
   ['chunk size not hex', 'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n'],

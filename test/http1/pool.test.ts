@@ -154,7 +154,9 @@ describe('against a Node http server', () => {
 
   it('a stream shorter than its Content-Length fails the request and the connection', async () => {
     const p = pool();
-    await expect(send(p, { method: 'POST', body: Readable.from([Buffer.alloc(10)]), headers: ['Host', 'r', 'Content-Length', '20'] })).rejects.toMatchObject({ code: 'DP_HTTP1_BODY_LENGTH' });
+    await expect(
+      send(p, { method: 'POST', body: Readable.from([Buffer.alloc(10)]), headers: ['Host', 'r', 'Content-Length', '20'] }),
+    ).rejects.toMatchObject({ code: 'DP_HTTP1_BODY_LENGTH' });
     expect((await send(p, {})).status).toBe(200);
     await p.close();
   });
@@ -191,7 +193,12 @@ describe('against a Node http server', () => {
       let data = '';
       p.dispatch(
         { method: 'GET', path: '/stall', headers: ['Host', 'r'] },
-        { onResponseStart: () => undefined, onResponseData: (c) => (data += c.toString()).length > 0, onResponseEnd: () => undefined, onResponseError: (err) => resolve({ data, err }) },
+        {
+          onResponseStart: () => undefined,
+          onResponseData: (c) => (data += c.toString()).length > 0,
+          onResponseEnd: () => undefined,
+          onResponseError: (err) => resolve({ data, err }),
+        },
       );
     });
     expect(stalled.data).toBe('first');
@@ -207,7 +214,12 @@ describe('against a Node http server', () => {
     const err = await new Promise<Error>((resolve) => {
       const ex = p.dispatch(
         { method: 'GET', path: '/big', headers: ['Host', 'r'] },
-        { onResponseStart: () => undefined, onResponseData: () => (ex.abort(), true), onResponseEnd: () => undefined, onResponseError: resolve },
+        {
+          onResponseStart: () => undefined,
+          onResponseData: () => (ex.abort(), true),
+          onResponseEnd: () => undefined,
+          onResponseError: resolve,
+        },
       );
     });
     expect(err).toMatchObject({ code: 'DP_HTTP1_ABORTED' });
@@ -218,7 +230,9 @@ describe('against a Node http server', () => {
 
   it('refuses headers that would break the framing', async () => {
     const p = pool();
-    await expect(send(p, { headers: ['Host', 'r', 'X-Evil', 'a\r\nX-Injected: 1'] })).rejects.toMatchObject({ code: 'DP_HTTP1_BAD_REQUEST' });
+    await expect(send(p, { headers: ['Host', 'r', 'X-Evil', 'a\r\nX-Injected: 1'] })).rejects.toMatchObject({
+      code: 'DP_HTTP1_BAD_REQUEST',
+    });
     await expect(send(p, { headers: ['Bad Name', 'v'] })).rejects.toMatchObject({ code: 'DP_HTTP1_BAD_REQUEST' });
     await expect(send(p, { path: '/a b' })).rejects.toMatchObject({ code: 'DP_HTTP1_BAD_REQUEST' });
     expect((await send(p, {})).status).toBe(200);
@@ -227,7 +241,12 @@ describe('against a Node http server', () => {
 
   it('request(): a streamed body, headers as an object, abort by signal', async () => {
     const p = pool();
-    const r = await request(p, { method: 'POST', path: '/echo', headers: ['Host', 'r', 'Content-Type', 'application/json'], body: '{"a":1}' });
+    const r = await request(p, {
+      method: 'POST',
+      path: '/echo',
+      headers: ['Host', 'r', 'Content-Type', 'application/json'],
+      body: '{"a":1}',
+    });
     expect(r.status).toBe(200);
     expect(r.headers['set-cookie']).toEqual(['a=1', 'b=2']);
     const chunks: Buffer[] = [];
@@ -268,7 +287,8 @@ describe('against a scripted replica', () => {
   });
   afterAll(() => new Promise((r) => raw.close(r)));
 
-  const rawPool = (counter: { n: number }, o: Partial<Http1PoolOptions> = {}): Http1Pool => new Http1Pool({ connect: connector(rawPort, counter), ...o });
+  const rawPool = (counter: { n: number }, o: Partial<Http1PoolOptions> = {}): Http1Pool =>
+    new Http1Pool({ connect: connector(rawPort, counter), ...o });
 
   it('a keep-alive connection closed as a request arrives: GET is retried once on a new one, a streamed POST fails', async () => {
     script = (socket, nth) => {

@@ -60,14 +60,24 @@ describe('models', () => {
 describe('auth', () => {
   it('a wrong token is PermissionDenied for list and create', async () => {
     await expect(api.client('bad').models.list()).rejects.toBeInstanceOf(OpenAI.PermissionDeniedError);
-    await expect(api.client('bad').chat.completions.create({ model: 'org/oa-model', messages: user })).rejects.toBeInstanceOf(OpenAI.PermissionDeniedError);
+    await expect(api.client('bad').chat.completions.create({ model: 'org/oa-model', messages: user })).rejects.toBeInstanceOf(
+      OpenAI.PermissionDeniedError,
+    );
   });
 
   it.each([[undefined], ['Bearer '], ['Bearer'], ['']])('Authorization %j → 403 before any lookup', async (header) => {
     const headers: Record<string, string> = { 'content-type': 'application/json' };
     if (header !== undefined) headers.authorization = header;
-    for (const [method, path] of [['GET', 'models'], ['POST', 'chat/completions'], ['GET', 'models/nope']] as const) {
-      const res = await fetch(`${api.baseUrl}/api/models/main/${path}`, { method, headers, body: method === 'POST' ? '{"model":"x","messages":[]}' : undefined });
+    for (const [method, path] of [
+      ['GET', 'models'],
+      ['POST', 'chat/completions'],
+      ['GET', 'models/nope'],
+    ] as const) {
+      const res = await fetch(`${api.baseUrl}/api/models/main/${path}`, {
+        method,
+        headers,
+        body: method === 'POST' ? '{"model":"x","messages":[]}' : undefined,
+      });
       expect(res.status).toBe(403);
       expect(await res.json()).toEqual({
         detail: 'Unauthenticated or unauthorized to access project main',
@@ -94,7 +104,11 @@ describe('auth', () => {
   it('answers CORS preflights without a token', async () => {
     const res = await fetch(`${api.baseUrl}/api/models/main/chat/completions`, {
       method: 'OPTIONS',
-      headers: { origin: 'https://app.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization,content-type' },
+      headers: {
+        origin: 'https://app.example',
+        'access-control-request-method': 'POST',
+        'access-control-request-headers': 'authorization,content-type',
+      },
     });
     expect(res.status).toBe(204);
     expect(res.headers.get('access-control-allow-origin')).toBe('*');
@@ -107,7 +121,10 @@ describe('openai format', () => {
     const before = oa.received.length;
     const res = await api.client().chat.completions.create({
       model: 'org/oa-model',
-      messages: [{ role: 'user', content: [{ type: 'text', text: 'Hi' }] }, { role: 'assistant', content: null, tool_calls: [{ id: 't', type: 'function', function: { name: 'f', arguments: '{}' } }] }],
+      messages: [
+        { role: 'user', content: [{ type: 'text', text: 'Hi' }] },
+        { role: 'assistant', content: null, tool_calls: [{ id: 't', type: 'function', function: { name: 'f', arguments: '{}' } }] },
+      ],
       max_completion_tokens: 5,
       logprobs: true,
       parallel_tool_calls: false,
@@ -121,7 +138,10 @@ describe('openai format', () => {
     expect(got.headers.authorization).toBeUndefined();
     expect(JSON.parse(got.body)).toEqual({
       model: 'org/oa-model',
-      messages: [{ role: 'user', content: [{ type: 'text', text: 'Hi' }] }, { role: 'assistant', content: null, tool_calls: [{ id: 't', type: 'function', function: { name: 'f', arguments: '{}' } }] }],
+      messages: [
+        { role: 'user', content: [{ type: 'text', text: 'Hi' }] },
+        { role: 'assistant', content: null, tool_calls: [{ id: 't', type: 'function', function: { name: 'f', arguments: '{}' } }] },
+      ],
       max_completion_tokens: 5,
       logprobs: true,
       parallel_tool_calls: false,
@@ -132,7 +152,9 @@ describe('openai format', () => {
   it('streams chunk by chunk: the first chunk reaches the client while the replica holds the stream', async () => {
     gate = new Gate();
     const g = gate;
-    const stream = await api.client().chat.completions.create({ model: 'org/oa-model', messages: user, stream: true, stream_options: { include_usage: true } });
+    const stream = await api
+      .client()
+      .chat.completions.create({ model: 'org/oa-model', messages: user, stream: true, stream_options: { include_usage: true } });
     const parts: string[] = [];
     let firstBeforeRelease: boolean | undefined;
     for await (const chunk of stream) {
@@ -149,9 +171,14 @@ describe('openai format', () => {
 
   it('a replica error before the first byte keeps its status, with the replica’s message', async () => {
     oa.next.push((_req, _body, res) => {
-      res.writeHead(400, { 'content-type': 'application/json' }).end(JSON.stringify({ object: 'error', message: 'bad thing', type: 'BadRequestError', code: 400 }));
+      res
+        .writeHead(400, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ object: 'error', message: 'bad thing', type: 'BadRequestError', code: 400 }));
     });
-    const err = await api.client().chat.completions.create({ model: 'org/oa-model', messages: user }).catch((e: unknown) => e);
+    const err = await api
+      .client()
+      .chat.completions.create({ model: 'org/oa-model', messages: user })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(OpenAI.BadRequestError);
     expect((err as InstanceType<typeof OpenAI.APIError>).message).toBe('400 bad thing');
   });
@@ -224,13 +251,19 @@ describe('openai format', () => {
   });
 
   it('a model with no replicas is 503, an unknown model 404, an unreachable replica 502', async () => {
-    const e503 = await api.client().chat.completions.create({ model: 'a-idle-model', messages: user }).catch((e: unknown) => e);
+    const e503 = await api
+      .client()
+      .chat.completions.create({ model: 'a-idle-model', messages: user })
+      .catch((e: unknown) => e);
     expect((e503 as InstanceType<typeof OpenAI.APIError>).status).toBe(503);
     await expect(api.client().chat.completions.create({ model: 'nope', messages: user })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
     const dead = await freePort();
     const broken = await startApi(documentFor({ openai: dead, tgi: dead }));
     try {
-      const e502 = await broken.client().chat.completions.create({ model: 'org/oa-model', messages: user }).catch((e: unknown) => e);
+      const e502 = await broken
+        .client()
+        .chat.completions.create({ model: 'org/oa-model', messages: user })
+        .catch((e: unknown) => e);
       expect((e502 as InstanceType<typeof OpenAI.APIError>).status).toBe(502);
     } finally {
       await broken.close();
@@ -243,7 +276,10 @@ describe('openai format', () => {
     });
     const h = await startApi(api.state.current, { forwarder: none });
     try {
-      const err = await h.client().chat.completions.create({ model: 'org/oa-model', messages: user }).catch((e: unknown) => e);
+      const err = await h
+        .client()
+        .chat.completions.create({ model: 'org/oa-model', messages: user })
+        .catch((e: unknown) => e);
       expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(503);
       expect((err as Error).message).toBe('503 no Ready replica for main/oa');
     } finally {
@@ -252,10 +288,18 @@ describe('openai format', () => {
   });
 
   it('an invalid body is 422 naming the field', async () => {
-    const res = await fetch(`${api.baseUrl}/api/models/main/chat/completions`, { method: 'POST', headers: { authorization: 'Bearer good', 'content-type': 'application/json' }, body: '{"messages":[]}' });
+    const res = await fetch(`${api.baseUrl}/api/models/main/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer good', 'content-type': 'application/json' },
+      body: '{"messages":[]}',
+    });
     expect(res.status).toBe(422);
     expect(((await res.json()) as { detail: string }).detail).toMatch(/model/);
-    const bad = await fetch(`${api.baseUrl}/api/models/main/chat/completions`, { method: 'POST', headers: { authorization: 'Bearer good' }, body: '{' });
+    const bad = await fetch(`${api.baseUrl}/api/models/main/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer good' },
+      body: '{',
+    });
     expect(bad.status).toBe(422);
   });
 });
@@ -263,24 +307,46 @@ describe('openai format', () => {
 describe('tgi format', () => {
   it('renders the template, maps parameters and converts the answer', async () => {
     const before = tgi.received.length;
-    const res = await api.client().chat.completions.create({ model: 'tgi-model', messages: [{ role: 'system', content: 'Be brief.' }, ...user], max_tokens: 20, temperature: 0.7, top_p: 0.95, seed: 3, stop: ['###'] });
+    const res = await api.client().chat.completions.create({
+      model: 'tgi-model',
+      messages: [{ role: 'system', content: 'Be brief.' }, ...user],
+      max_tokens: 20,
+      temperature: 0.7,
+      top_p: 0.95,
+      seed: 3,
+      stop: ['###'],
+    });
     expect(res.object).toBe('chat.completion');
     expect(res.model).toBe('tgi-model');
-    expect(res.choices).toEqual([{ index: 0, message: { role: 'assistant', content: 'Hello there' }, logprobs: null, finish_reason: 'stop' }]);
+    expect(res.choices).toEqual([
+      { index: 0, message: { role: 'assistant', content: 'Hello there' }, logprobs: null, finish_reason: 'stop' },
+    ]);
     expect(res.usage).toEqual({ prompt_tokens: 4, completion_tokens: 3, total_tokens: 7 });
     expect(res.system_fingerprint).toBe('fp_11');
     const got = tgi.received[before]!;
     expect(got.url).toBe('/generate');
     expect(JSON.parse(got.body)).toEqual({
       inputs: '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
-      parameters: { do_sample: true, max_new_tokens: 20, stop: ['###', '<|im_end|>'], seed: 3, temperature: 0.7, best_of: 1, details: true, decoder_input_details: true, top_p: 0.95 },
+      parameters: {
+        do_sample: true,
+        max_new_tokens: 20,
+        stop: ['###', '<|im_end|>'],
+        seed: 3,
+        temperature: 0.7,
+        best_of: 1,
+        details: true,
+        decoder_input_details: true,
+        top_p: 0.95,
+      },
     });
   });
 
   it('streams one chunk per token while the replica holds the stream, with usage and [DONE]', async () => {
     gate = new Gate();
     const g = gate;
-    const stream = await api.client().chat.completions.create({ model: 'tgi-model', messages: user, stream: true, stream_options: { include_usage: true } });
+    const stream = await api
+      .client()
+      .chat.completions.create({ model: 'tgi-model', messages: user, stream: true, stream_options: { include_usage: true } });
     const contents: string[] = [];
     let finish: string | null | undefined;
     let usage: unknown;
@@ -339,7 +405,10 @@ describe('tgi format', () => {
       sse(res, { error: 'Input validation error: too long', error_type: 'validation' });
       res.end();
     });
-    const early = await api.client().chat.completions.create({ model: 'tgi-model', messages: user, stream: true }).catch((e: unknown) => e);
+    const early = await api
+      .client()
+      .chat.completions.create({ model: 'tgi-model', messages: user, stream: true })
+      .catch((e: unknown) => e);
     expect(early).toBeInstanceOf(OpenAI.UnprocessableEntityError);
   });
 
@@ -359,7 +428,10 @@ describe('tgi format', () => {
   it('a template error is a 400 with Jinja’s message', async () => {
     const harness = await startApi(documentFor({ openai: oa.port, tgi: tgi.port }, "{{ raise_exception('no system role here') }}"));
     try {
-      const err = await harness.client().chat.completions.create({ model: 'tgi-model', messages: user }).catch((e: unknown) => e);
+      const err = await harness
+        .client()
+        .chat.completions.create({ model: 'tgi-model', messages: user })
+        .catch((e: unknown) => e);
       expect(err).toBeInstanceOf(OpenAI.BadRequestError);
       expect((err as Error).message).toBe('400 Failed to render chat template: no system role here');
     } finally {
@@ -369,9 +441,14 @@ describe('tgi format', () => {
 
   it('a TGI 422 before the first byte keeps its status', async () => {
     tgi.next.push((_req, _body, res) => {
-      res.writeHead(422, { 'content-type': 'application/json' }).end(JSON.stringify({ error: 'Input validation error', error_type: 'validation' }));
+      res
+        .writeHead(422, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ error: 'Input validation error', error_type: 'validation' }));
     });
-    const err = await api.client().chat.completions.create({ model: 'tgi-model', messages: user }).catch((e: unknown) => e);
+    const err = await api
+      .client()
+      .chat.completions.create({ model: 'tgi-model', messages: user })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(OpenAI.UnprocessableEntityError);
     expect((err as Error).message).toBe('422 Input validation error');
   });

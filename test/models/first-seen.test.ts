@@ -22,13 +22,19 @@ describe('fileFirstSeenStore', () => {
     const path = join(t.dir, 'models.json');
     const store = fileFirstSeenStore(path);
     expect([...(await store.sync(['p/a'], 100))]).toEqual([['p/a', 100]]);
-    expect([...(await store.sync(['p/a', 'p/b'], 200))]).toEqual([['p/a', 100], ['p/b', 200]]);
+    expect([...(await store.sync(['p/a', 'p/b'], 200))]).toEqual([
+      ['p/a', 100],
+      ['p/b', 200],
+    ]);
     expect(JSON.parse(await readFile(path, 'utf8'))).toEqual({ version: 1, firstSeen: { 'p/a': 100, 'p/b': 200 } });
     expect((await stat(path)).mode & 0o777).toBe(0o600);
     // A restart reads the file back.
     const again = fileFirstSeenStore(path);
     expect([...(await again.sync(['p/b'], 300))]).toEqual([['p/b', 200]]);
-    expect([...(await again.sync(['p/a', 'p/b'], 400))]).toEqual([['p/a', 400], ['p/b', 200]]);
+    expect([...(await again.sync(['p/a', 'p/b'], 400))]).toEqual([
+      ['p/a', 400],
+      ['p/b', 200],
+    ]);
   });
 
   it('starts afresh from a corrupt file', async () => {
@@ -51,18 +57,30 @@ describe('created on the API', () => {
     cleanups.push(() => api.close());
     const list = async (a = api) => (await a.client().models.list()).data.map((m) => [m.id, m.created]);
     const t0 = Date.UTC(2025, 0, 1) / 1000;
-    expect(await list()).toEqual([['a-idle-model', t0], ['org/oa-model', t0], ['tgi-model', t0]]);
+    expect(await list()).toEqual([
+      ['a-idle-model', t0],
+      ['org/oa-model', t0],
+      ['tgi-model', t0],
+    ]);
 
     now += 3_600_000;
     const next = structuredClone(doc);
     next.spec.services[2]!.model = { name: 'b-new-model', format: 'openai', prefix: '/v1' };
     api.state.current = next;
-    expect(await list()).toEqual([['b-new-model', t0 + 3600], ['org/oa-model', t0], ['tgi-model', t0]]);
+    expect(await list()).toEqual([
+      ['b-new-model', t0 + 3600],
+      ['org/oa-model', t0],
+      ['tgi-model', t0],
+    ]);
 
     now += 3_600_000;
     const restarted = await startApi(structuredClone(next), { firstSeen: fileFirstSeenStore(path), now: () => now });
     cleanups.push(() => restarted.close());
-    expect(await list(restarted)).toEqual([['b-new-model', t0 + 3600], ['org/oa-model', t0], ['tgi-model', t0]]);
+    expect(await list(restarted)).toEqual([
+      ['b-new-model', t0 + 3600],
+      ['org/oa-model', t0],
+      ['tgi-model', t0],
+    ]);
   });
 });
 
@@ -112,6 +130,15 @@ describe('mounting', () => {
   });
 
   it('refuses a prefix without :project and no project', async () => {
-    await expect(registerModelApi(Fastify(), { prefix: '', getState: () => documentFor({ openai: 1, tgi: 1 }), authorize: async () => 'allow', forward: async () => { throw new Error('x'); } })).rejects.toThrow(/needs `project`/);
+    await expect(
+      registerModelApi(Fastify(), {
+        prefix: '',
+        getState: () => documentFor({ openai: 1, tgi: 1 }),
+        authorize: async () => 'allow',
+        forward: async () => {
+          throw new Error('x');
+        },
+      }),
+    ).rejects.toThrow(/needs `project`/);
   });
 });

@@ -68,7 +68,12 @@ export interface ApiHarness {
 
 export async function startApi(
   state: ProxyState,
-  opts: { authorize?: (p: string, t: string) => Promise<AuthDecision>; forwarder?: Forwarder; now?: () => number; firstSeen?: FirstSeenStore } = {},
+  opts: {
+    authorize?: (p: string, t: string) => Promise<AuthDecision>;
+    forwarder?: Forwarder;
+    now?: () => number;
+    firstSeen?: FirstSeenStore;
+  } = {},
 ): Promise<ApiHarness> {
   const holder = { current: state };
   const forwarder = opts.forwarder ?? directForwarder(() => holder.current);

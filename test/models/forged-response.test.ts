@@ -8,7 +8,13 @@ import { afterAll, beforeAll, expect, it } from 'vitest';
 import { startScriptedReplica } from '../helpers/scripted-replica.js';
 import { documentFor, startApi, type ApiHarness } from './fixtures.js';
 
-const COMPLETION = JSON.stringify({ id: 'c', object: 'chat.completion', created: 1, model: 'm', choices: [{ index: 0, message: { role: 'assistant', content: 'honest' }, finish_reason: 'stop' }] });
+const COMPLETION = JSON.stringify({
+  id: 'c',
+  object: 'chat.completion',
+  created: 1,
+  model: 'm',
+  choices: [{ index: 0, message: { role: 'assistant', content: 'honest' }, finish_reason: 'stop' }],
+});
 const SMUGGLED = 'HTTP/1.1 200 OK\r\nContent-Length: 19\r\n\r\n{"smuggled":"yes"}\n';
 const FORGED: Record<string, string> = {
   'te-cl': `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${COMPLETION.length}\r\nTransfer-Encoding: chunked\r\n\r\n${(COMPLETION.length + SMUGGLED.length).toString(16)}\r\n${COMPLETION}${SMUGGLED}\r\n0\r\n\r\n`,
@@ -22,7 +28,9 @@ let api: ApiHarness;
 
 beforeAll(async () => {
   const scripted = await startScriptedReplica((socket) => {
-    socket.write(forged ?? `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${COMPLETION.length}\r\n\r\n${COMPLETION}`);
+    socket.write(
+      forged ?? `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${COMPLETION.length}\r\n\r\n${COMPLETION}`,
+    );
   });
   replica = scripted.server;
   api = await startApi(documentFor({ openai: scripted.port, tgi: scripted.port }));

@@ -12,7 +12,12 @@ describe('peerClient', () => {
     ['an IPv4 peer', '127.0.0.2', {}, { address: '127.0.0.2', forwardedFor: '127.0.0.2' }],
     ['an IPv4-mapped peer', '::ffff:10.0.0.1', {}, { address: '10.0.0.1', forwardedFor: '10.0.0.1' }],
     ['an IPv6 peer', '::1', {}, { address: '::1', forwardedFor: '::1' }],
-    ['a peer that sent X-Real-IP and X-Forwarded-For', '127.0.0.2', { 'x-real-ip': '203.0.113.1', 'x-forwarded-for': '203.0.113.1' }, { address: '127.0.0.2', forwardedFor: '203.0.113.1, 127.0.0.2' }],
+    [
+      'a peer that sent X-Real-IP and X-Forwarded-For',
+      '127.0.0.2',
+      { 'x-real-ip': '203.0.113.1', 'x-forwarded-for': '203.0.113.1' },
+      { address: '127.0.0.2', forwardedFor: '203.0.113.1, 127.0.0.2' },
+    ],
   ])('%s', (_name, peer, headers, want) => {
     expect(peerClient(req(peer, headers))).toMatchObject({ ...want, proto: 'http' });
   });
@@ -22,7 +27,11 @@ describe('entrypointClient', () => {
   const clientOf = entrypointClient(KEY);
   const site = { 'x-real-ip': '198.51.100.4', 'x-forwarded-for': '10.9.9.9, 198.51.100.4', 'x-forwarded-proto': 'https' };
   it('takes the address the entrypoint site saw when the key is right', () => {
-    expect(clientOf(req('127.0.0.1', { ...site, 'x-dstack-entrypoint-key': KEY }))).toMatchObject({ address: '198.51.100.4', forwardedFor: '10.9.9.9, 198.51.100.4', proto: 'https' });
+    expect(clientOf(req('127.0.0.1', { ...site, 'x-dstack-entrypoint-key': KEY }))).toMatchObject({
+      address: '198.51.100.4',
+      forwardedFor: '10.9.9.9, 198.51.100.4',
+      proto: 'https',
+    });
   });
   it.each([
     ['without the key', site],

@@ -26,7 +26,13 @@ beforeAll(async () => {
   t = await startGatewayWith({ serverUrl: server.url });
   const doc = integrationDoc({
     services: [
-      { run: 'oa', domain: 'oa.gw.test', auth: true, model: { name: 'oa-model', format: 'openai', prefix: '/v1' }, replicas: [directReplica('oa-0', oa.port)] },
+      {
+        run: 'oa',
+        domain: 'oa.gw.test',
+        auth: true,
+        model: { name: 'oa-model', format: 'openai', prefix: '/v1' },
+        replicas: [directReplica('oa-0', oa.port)],
+      },
       { run: 'tg', domain: 'tg.gw.test', auth: true, replicas: [directReplica('tg-0', tgi.port)] },
     ],
   }) as { spec: { services: Record<string, unknown>[] } };
@@ -64,7 +70,6 @@ async function answersNormally(): Promise<void> {
   }
 }
 
-
 type Cut = 'head' | 'body' | 'response' | 'none';
 
 async function randomRequest(rand: () => number): Promise<{ cut: Cut; answered: boolean; what: string }> {
@@ -73,7 +78,9 @@ async function randomRequest(rand: () => number): Promise<{ cut: Cut; answered: 
   const chunked = rand() < 0.5;
   const model = pick(['oa-model', 'tgi-model', 'no-such-model']);
   const stream = rand() < 0.5;
-  const body = Buffer.from(JSON.stringify({ model, messages: [{ role: 'user', content: 'Hi '.repeat(Math.floor(rand() * 2000)) }], stream }));
+  const body = Buffer.from(
+    JSON.stringify({ model, messages: [{ role: 'user', content: 'Hi '.repeat(Math.floor(rand() * 2000)) }], stream }),
+  );
   const head =
     `POST /api/models/main/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${MEMBER}\r\nContent-Type: application/json\r\n` +
     (chunked ? 'Transfer-Encoding: chunked\r\n\r\n' : `Content-Length: ${body.length}\r\n\r\n`);
@@ -110,7 +117,11 @@ async function randomRequest(rand: () => number): Promise<{ cut: Cut; answered: 
     }
   }
   await closed;
-  return { cut, answered: status(), what: `${cut} ${chunked ? 'chunked' : 'fixed'} ${model} stream=${stream}: ${JSON.stringify(received.slice(0, 200))}` };
+  return {
+    cut,
+    answered: status(),
+    what: `${cut} ${chunked ? 'chunked' : 'fixed'} ${model} stream=${stream}: ${JSON.stringify(received.slice(0, 200))}`,
+  };
 }
 
 it('1,000 model API requests cut at random points: the gateway stays up and answers normally', async () => {

@@ -38,7 +38,11 @@ beforeAll(async () => {
       ],
     },
   };
-  const r = await send(`${proxy.url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc) });
+  const r = await send(`${proxy.url}/api/v1/state`, {
+    method: 'PUT',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(doc),
+  });
   expect(r.status).toBe(200);
 }, 60_000);
 

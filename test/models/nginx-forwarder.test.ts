@@ -45,7 +45,14 @@ beforeAll(async () => {
   await mkdir(dirname(internalSocket), { mode: 0o700 });
   forwarder = nginxForwarder({ socketPath: internalSocket });
   api = await startApi(doc, { forwarder });
-  const views = buildViews(doc, { httpPort: nginx.httpPort, httpsPort: nginx.httpsPort, apiUrl: api.baseUrl, acmeWebroot: nginx.acmeWebroot, accessLogPath: nginx.accessLogPath, internalSocket });
+  const views = buildViews(doc, {
+    httpPort: nginx.httpPort,
+    httpsPort: nginx.httpsPort,
+    apiUrl: api.baseUrl,
+    acmeWebroot: nginx.acmeWebroot,
+    accessLogPath: nginx.accessLogPath,
+    internalSocket,
+  });
   for (const [name, text] of renderAll(views)) {
     const path = join(nginx.paths.confDir, name);
     await mkdir(dirname(path), { recursive: true });
@@ -82,7 +89,9 @@ describe('through the gateway’s Nginx', () => {
     expect(res.choices[0]!.message.content).toBe('Hello world');
     expect(oa.received[before]!.url).toBe('/v1/chat/completions');
     expect(oa.received[before]!.headers.host).toBe('oa.gw.test');
-    await eventually(async () => ((await readFile(nginx.accessLogPath, 'utf8').catch(() => '')).includes(' oa.gw.test 200 ') ? true : undefined));
+    await eventually(async () =>
+      (await readFile(nginx.accessLogPath, 'utf8').catch(() => '')).includes(' oa.gw.test 200 ') ? true : undefined,
+    );
   });
 
   it('an entrypoint domain serves the API to the SDK: list, create, and a stream that is not buffered', async () => {

@@ -56,7 +56,8 @@ async function startReplica(fallback: Handler): Promise<Replica> {
   return { port, received, next, close: () => close(srv) };
 }
 
-export const sse = (res: ServerResponse, data: unknown): boolean => res.write(`data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`);
+export const sse = (res: ServerResponse, data: unknown): boolean =>
+  res.write(`data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`);
 
 export function openaiChunk(content: string | null, finish: string | null = null): Record<string, unknown> {
   return {
@@ -96,7 +97,12 @@ export function startOpenAIReplica(gate?: () => Gate | undefined): Promise<Repli
   });
 }
 
-export const tgiToken = (text: string, special = false) => ({ index: 0, token: { id: 1, text, logprob: -0.1, special }, generated_text: null, details: null });
+export const tgiToken = (text: string, special = false) => ({
+  index: 0,
+  token: { id: 1, text, logprob: -0.1, special },
+  generated_text: null,
+  details: null,
+});
 
 /** TGI protocol: `Hello there` then eos, streamed token by token with `gate` (if any) after the first. */
 export function startTgiReplica(gate?: () => Gate | undefined): Promise<Replica> {
@@ -106,7 +112,13 @@ export function startTgiReplica(gate?: () => Gate | undefined): Promise<Replica>
       res.end(
         JSON.stringify({
           generated_text: 'Hello there<|im_end|>',
-          details: { finish_reason: 'eos_token', generated_tokens: 3, seed: 11, prefill: [{ id: 1 }, { id: 2 }, { id: 3 }, { id: 4 }], tokens: [] },
+          details: {
+            finish_reason: 'eos_token',
+            generated_tokens: 3,
+            seed: 11,
+            prefill: [{ id: 1 }, { id: 2 }, { id: 3 }, { id: 4 }],
+            tokens: [],
+          },
         }),
       );
       return;
@@ -119,7 +131,12 @@ export function startTgiReplica(gate?: () => Gate | undefined): Promise<Replica>
     sse(res, tgiToken('Hello'));
     await gate?.()?.wait();
     sse(res, tgiToken(' there'));
-    sse(res, { index: 2, token: { id: 2, text: '<|im_end|>', logprob: 0, special: true }, generated_text: 'Hello there', details: { finish_reason: 'eos_token', generated_tokens: 3, seed: 11, input_length: 4 } });
+    sse(res, {
+      index: 2,
+      token: { id: 2, text: '<|im_end|>', logprob: 0, special: true },
+      generated_text: 'Hello there',
+      details: { finish_reason: 'eos_token', generated_tokens: 3, seed: 11, input_length: 4 },
+    });
     res.end();
   });
 }

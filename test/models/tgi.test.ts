@@ -15,14 +15,54 @@ describe('parameter mapping', () => {
       'every mapped field',
       { max_tokens: 7, temperature: 0.5, top_p: 0.9, seed: 42, stop: '###', n: 2 },
       false,
-      { do_sample: true, max_new_tokens: 7, stop: ['###', '</s>'], seed: 42, temperature: 0.5, best_of: 2, details: true, decoder_input_details: true, top_p: 0.9 },
+      {
+        do_sample: true,
+        max_new_tokens: 7,
+        stop: ['###', '</s>'],
+        seed: 42,
+        temperature: 0.5,
+        best_of: 2,
+        details: true,
+        decoder_input_details: true,
+        top_p: 0.9,
+      },
     ],
-    ['max_completion_tokens wins over max_tokens', { max_tokens: 7, max_completion_tokens: 9 }, true, { do_sample: true, max_new_tokens: 9, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: false }],
-    ['top_p 1 and null are omitted', { top_p: 1 }, false, { do_sample: true, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true }],
-    ['top_p null is omitted (dstack answers 500)', { top_p: null }, false, { do_sample: true, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true }],
-    ['temperature 0 is greedy', { temperature: 0 }, false, { do_sample: false, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true }],
-    ['the eos token is not repeated', { stop: ['</s>', 'x'] }, false, { do_sample: true, stop: ['</s>', 'x'], best_of: 1, details: true, decoder_input_details: true }],
-    ['ignored fields stay out', { frequency_penalty: 1, presence_penalty: 1, logit_bias: {}, user: 'u', tools: [] }, false, { do_sample: true, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true }],
+    [
+      'max_completion_tokens wins over max_tokens',
+      { max_tokens: 7, max_completion_tokens: 9 },
+      true,
+      { do_sample: true, max_new_tokens: 9, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: false },
+    ],
+    [
+      'top_p 1 and null are omitted',
+      { top_p: 1 },
+      false,
+      { do_sample: true, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true },
+    ],
+    [
+      'top_p null is omitted (dstack answers 500)',
+      { top_p: null },
+      false,
+      { do_sample: true, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true },
+    ],
+    [
+      'temperature 0 is greedy',
+      { temperature: 0 },
+      false,
+      { do_sample: false, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true },
+    ],
+    [
+      'the eos token is not repeated',
+      { stop: ['</s>', 'x'] },
+      false,
+      { do_sample: true, stop: ['</s>', 'x'], best_of: 1, details: true, decoder_input_details: true },
+    ],
+    [
+      'ignored fields stay out',
+      { frequency_penalty: 1, presence_penalty: 1, logit_bias: {}, user: 'u', tools: [] },
+      false,
+      { do_sample: true, stop: ['</s>'], best_of: 1, details: true, decoder_input_details: true },
+    ],
   ])('%s', (_name, extra, stream, parameters) => {
     const p = tgiParams({ model: 'm', messages: msgs, ...extra });
     const payload = tgiPayload('PROMPT', p, stopList(p.stop, '</s>'), stream);
@@ -43,7 +83,19 @@ describe('parameter mapping', () => {
   });
 
   it('joins text parts and refuses image parts with a 400', () => {
-    expect(tgiParams({ messages: [{ role: 'user', content: [{ type: 'text', text: 'a' }, { type: 'text', text: 'b' }] }] }).messages[0]!.content).toBe('ab');
+    expect(
+      tgiParams({
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'text', text: 'a' },
+              { type: 'text', text: 'b' },
+            ],
+          },
+        ],
+      }).messages[0]!.content,
+    ).toBe('ab');
     expect(tgiParams({ messages: [{ role: 'assistant', content: null }] }).messages[0]!.content).toBe('');
     try {
       tgiParams({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] });
@@ -91,7 +143,10 @@ describe('non-streaming conversion', () => {
         generated_tokens: 3,
         seed: 7,
         prefill: [{}, {}, {}, {}],
-        best_of_sequences: [{ generated_text: 'Yo</s>', finish_reason: 'eos_token', generated_tokens: 2 }, { generated_text: 'Long', finish_reason: 'length', generated_tokens: 5 }],
+        best_of_sequences: [
+          { generated_text: 'Yo</s>', finish_reason: 'eos_token', generated_tokens: 2 },
+          { generated_text: 'Long', finish_reason: 'length', generated_tokens: 5 },
+        ],
       },
     };
     expect(tgiCompletion(data, ctx)).toEqual({
@@ -121,11 +176,25 @@ describe('stream conversion', () => {
 
   it('one chunk per token, the final token kept when the finish reason is length, then a usage chunk', () => {
     const c = tgiStreamConverter({ ...ctx, includeUsage: true });
-    const out = [...c.event(tok('Hel')), ...c.event(tok('lo')), ...c.event({ token: { text: ' you', special: false }, generated_text: 'Hello you', details: { finish_reason: 'length', generated_tokens: 3, seed: null, input_length: 5 } })];
+    const out = [
+      ...c.event(tok('Hel')),
+      ...c.event(tok('lo')),
+      ...c.event({
+        token: { text: ' you', special: false },
+        generated_text: 'Hello you',
+        details: { finish_reason: 'length', generated_tokens: 3, seed: null, input_length: 5 },
+      }),
+    ];
     expect(c.done).toBe(true);
     expect(out.every((f) => f.startsWith('data: ') && f.endsWith('\n\n'))).toBe(true);
     const parsed = frames(out);
-    expect(parsed.map((p) => (p.choices as { delta: { content?: string } }[])[0]?.delta.content)).toEqual(['Hel', 'lo', ' you', undefined, undefined]);
+    expect(parsed.map((p) => (p.choices as { delta: { content?: string } }[])[0]?.delta.content)).toEqual([
+      'Hel',
+      'lo',
+      ' you',
+      undefined,
+      undefined,
+    ]);
     expect(parsed[0]).toEqual({
       id: 'c1',
       object: 'chat.completion.chunk',
@@ -140,7 +209,14 @@ describe('stream conversion', () => {
 
   it('the eos token is not sent as text', () => {
     const c = tgiStreamConverter({ ...ctx, includeUsage: false });
-    const out = [...c.event(tok('Hi')), ...c.event({ token: { text: '</s>', special: true }, generated_text: 'Hi', details: { finish_reason: 'eos_token', generated_tokens: 2 } })];
+    const out = [
+      ...c.event(tok('Hi')),
+      ...c.event({
+        token: { text: '</s>', special: true },
+        generated_text: 'Hi',
+        details: { finish_reason: 'eos_token', generated_tokens: 2 },
+      }),
+    ];
     const parsed = frames(out);
     expect(parsed).toHaveLength(2);
     expect((parsed[1]!.choices as { finish_reason: string }[])[0]!.finish_reason).toBe('stop');
@@ -148,6 +224,8 @@ describe('stream conversion', () => {
 
   it('an error event throws with TGI message', () => {
     const c = tgiStreamConverter({ ...ctx, includeUsage: false });
-    expect(() => c.event({ error: 'Request failed during generation: oom', error_type: 'generation' })).toThrow('Request failed during generation: oom');
+    expect(() => c.event({ error: 'Request failed during generation: oom', error_type: 'generation' })).toThrow(
+      'Request failed during generation: oom',
+    );
   });
 });

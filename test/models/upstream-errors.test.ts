@@ -5,7 +5,8 @@
 import { describe, expect, it } from 'vitest';
 import { toModelError, upstreamError } from '../../src/models/errors.js';
 
-const NGINX_404 = '<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n';
+const NGINX_404 =
+  '<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n';
 const NGINX_502 = NGINX_404.replace(/404 Not Found/g, '502 Bad Gateway');
 
 describe('upstreamError', () => {

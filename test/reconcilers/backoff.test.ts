@@ -7,9 +7,7 @@ const mid = () => 0.5; // no jitter: 1 + 0.2 × (2 × 0.5 - 1) = 1
 describe('nextDelay', () => {
   it('follows base × factor^(attempt-1) and caps at maxMs (defaults)', () => {
     const schedule = Array.from({ length: 12 }, (_, i) => nextDelay(i + 1, DEFAULT_BACKOFF, mid));
-    expect(schedule).toEqual([
-      1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 300_000, 300_000, 300_000,
-    ]);
+    expect(schedule).toEqual([1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 300_000, 300_000, 300_000]);
   });
 
   it('documents the defaults: 1 s, ×2, 5 min, ±20 %', () => {

@@ -235,7 +235,11 @@ describe('Controller', () => {
     const spec = { current: specWith(1, { a: 1 }) };
     let gate: ReturnType<typeof deferred> | undefined;
     // sockets fails c once: its retry a second later changes its status, and nothing else.
-    const sockets = fakeLoop({ name: 'sockets', gate: () => gate?.promise, fail: (key, attempt) => (key === 'c' && attempt === 1 ? new Error('busy') : undefined) });
+    const sockets = fakeLoop({
+      name: 'sockets',
+      gate: () => gate?.promise,
+      fail: (key, attempt) => (key === 'c' && attempt === 1 ? new Error('busy') : undefined),
+    });
     const certs = fakeLoop({ name: 'certs' });
     const socketThere: boolean[] = [];
     const siteWorld = (s: Spec['state']) => new Map(s.spec.services.map((x): [string, string] => [`site-${x.run}`, 'on']));
@@ -284,7 +288,9 @@ describe('Controller', () => {
   it('rejects triggeredBy a loop it does not depend on', () => {
     const getSpec = () => specWith(1, {});
     const x = fakeLoop({ name: 'x', dependsOn: [], triggeredBy: ['y'] });
-    expect(() => new Controller({ loops: [x.loop, fakeLoop({ name: 'y' }).loop], getSpec })).toThrow(/triggered by y, which it does not depend on/);
+    expect(() => new Controller({ loops: [x.loop, fakeLoop({ name: 'y' }).loop], getSpec })).toThrow(
+      /triggered by y, which it does not depend on/,
+    );
   });
 
   it('a dependency that always has another pass queued does not starve its dependent', async () => {
@@ -399,14 +405,15 @@ describe('Controller', () => {
     expect(f.world.get('a')).toBe('1');
   });
 
-  it('a watcher is triggered by the watched loop\'s status changes and never waits for it', async () => {
+  it("a watcher is triggered by the watched loop's status changes and never waits for it", async () => {
     const spec = { current: specWith(1, { a: 1 }) };
     let gate: ReturnType<typeof deferred> | undefined;
     // sockets keeps a key while sites still has it (the order of a removal), and watches sites.
     const sockets = fakeLoop({
       name: 'sockets',
       watches: ['sites'],
-      want: (st, statuses) => new Map([...st.spec.services.map((x) => x.run), ...Object.keys(statuses.loops.sites?.objects ?? {})].map((k) => [k, 'on'])),
+      want: (st, statuses) =>
+        new Map([...st.spec.services.map((x) => x.run), ...Object.keys(statuses.loops.sites?.objects ?? {})].map((k) => [k, 'on'])),
     });
     const sites = fakeLoop({ name: 'sites', dependsOn: ['sockets'], gate: () => gate?.promise });
     const { c } = setup([sites, sockets], spec);

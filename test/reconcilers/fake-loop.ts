@@ -12,18 +12,16 @@ export interface Spec {
 export function specWith(generation: number, runs: Record<string, number>): Spec {
   const state = emptyState();
   state.spec.projects = [{ name: 'main' }];
-  state.spec.services = Object.entries(runs).map(
-    ([run, size]): Service => ({
-      project: 'main',
-      run,
-      https: false,
-      auth: false,
-      clientMaxBodySize: size,
-      stripPrefix: true,
-      rateLimits: [],
-      replicas: [],
-    }),
-  );
+  state.spec.services = Object.entries(runs).map(([run, size]): Service => ({
+    project: 'main',
+    run,
+    https: false,
+    auth: false,
+    clientMaxBodySize: size,
+    stripPrefix: true,
+    rateLimits: [],
+    replicas: [],
+  }));
   state.metadata = { generation };
   return { state, generation };
 }
@@ -65,7 +63,15 @@ export interface FakeLoop {
 export function fakeLoop(opts: FakeLoopOptions): FakeLoop {
   const want = opts.want ?? ((spec) => new Map(spec.spec.services.map((s) => [s.run, String(s.clientMaxBodySize)])));
   let observing = 0;
-  const f: FakeLoop = { loop: undefined as unknown as AnyLoop, world: new Map(), applied: [], batches: [], attempts: new Map(), observes: 0, maxConcurrentObserves: 0 };
+  const f: FakeLoop = {
+    loop: undefined as unknown as AnyLoop,
+    world: new Map(),
+    applied: [],
+    batches: [],
+    attempts: new Map(),
+    observes: 0,
+    maxConcurrentObserves: 0,
+  };
 
   const applyOne = async (action: Action<string | null>, ctx: LoopContext): Promise<ApplyResult> => {
     f.applied.push(action.key);

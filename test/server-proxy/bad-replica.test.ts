@@ -22,13 +22,23 @@ interface Answer {
 
 function get(path: string, method = 'GET', body?: string): Promise<Answer> {
   return new Promise((resolve) => {
-    const req = httpRequest({ host: '127.0.0.1', port, path: `/proxy/services/p/r${path}`, method, agent: false, headers: body ? { 'content-length': String(body.length) } : {} }, (res) => {
-      let text = '';
-      res.setEncoding('latin1');
-      res.on('data', (c: string) => (text += c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }));
-      res.on('error', (err) => resolve({ status: res.statusCode ?? 0, body: text, error: err.message }));
-    });
+    const req = httpRequest(
+      {
+        host: '127.0.0.1',
+        port,
+        path: `/proxy/services/p/r${path}`,
+        method,
+        agent: false,
+        headers: body ? { 'content-length': String(body.length) } : {},
+      },
+      (res) => {
+        let text = '';
+        res.setEncoding('latin1');
+        res.on('data', (c: string) => (text += c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }));
+        res.on('error', (err) => resolve({ status: res.statusCode ?? 0, body: text, error: err.message }));
+      },
+    );
     req.on('error', (err) => resolve({ status: 0, body: '', error: err.message }));
     req.end(body);
   });

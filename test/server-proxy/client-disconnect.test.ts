@@ -87,12 +87,23 @@ beforeAll(async () => {
   const tmp = tmpDir('dp-sp-cut-');
   cleanup = tmp.cleanup;
   writeFileSync(`${tmp.dir}/token`, `${TOKEN}\n`, { mode: 0o600 });
-  proxy = await startServerProxyProcess(['--db', `sqlite:${tmp.dir}/proxy.db`, '--port', '0', '--state-dir', `${tmp.dir}/state`, '--api-token-file', `${tmp.dir}/token`]);
+  proxy = await startServerProxyProcess([
+    '--db',
+    `sqlite:${tmp.dir}/proxy.db`,
+    '--port',
+    '0',
+    '--state-dir',
+    `${tmp.dir}/state`,
+    '--api-token-file',
+    `${tmp.dir}/token`,
+  ]);
   port = Number(new URL(proxy.url).port);
   const put = await send(`${proxy.url}/api/v1/state`, {
     method: 'PUT',
     headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
-    body: JSON.stringify(doc([directService('t', 'pub', replica.port), directService('t', 'small', replica.port, { clientMaxBodySize: SMALL_LIMIT })], ['t'])),
+    body: JSON.stringify(
+      doc([directService('t', 'pub', replica.port), directService('t', 'small', replica.port, { clientMaxBodySize: SMALL_LIMIT })], ['t']),
+    ),
   });
   expect(put.status, put.body.toString()).toBe(200);
   await eventually(async () => ((await send(`${proxy.url}/proxy/services/t/pub/echo`)).status === 200 ? true : undefined), 15_000);
@@ -130,7 +141,11 @@ async function answersNormally(): Promise<void> {
   const small = await send(`${proxy.url}/proxy/services/t/pub/echo`, { method: 'POST', body: 'hello', headers: { 'content-length': '5' } });
   expect(small.status).toBe(200);
   expect(small.json()).toEqual({ bytes: 5 });
-  const chunked = await send(`${proxy.url}/proxy/services/t/pub/echo`, { method: 'POST', body: 'x'.repeat(3000), headers: { 'transfer-encoding': 'chunked' } });
+  const chunked = await send(`${proxy.url}/proxy/services/t/pub/echo`, {
+    method: 'POST',
+    body: 'x'.repeat(3000),
+    headers: { 'transfer-encoding': 'chunked' },
+  });
   expect(chunked.json()).toEqual({ bytes: 3000 });
   expect(proxy.alive(), proxy.output()).toBe(true);
 }
@@ -186,7 +201,9 @@ describe('a client that hangs up fails its own request only', () => {
     for (let i = 0; i < 20; i++) {
       const c = new Client();
       const path = i % 2 ? '/nope/ws' : '/proxy/services/t/pub/ws';
-      c.write(`GET ${path} HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`);
+      c.write(
+        `GET ${path} HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n`,
+      );
       await new Promise((r) => setImmediate(r));
       c.socket.resetAndDestroy();
       await c.closed;
@@ -206,7 +223,6 @@ describe('a client that hangs up fails its own request only', () => {
   });
 });
 
-
 type Cut = 'head' | 'body' | 'response' | 'none';
 
 /** One request, built and cut as `rand` decides; resolves when the client side is closed. */
@@ -222,7 +238,9 @@ async function randomRequest(rand: () => number): Promise<{ cut: Cut; answered: 
   const body = Buffer.alloc(size, 0x61);
   let head = `POST /proxy/services/t/${path} HTTP/1.${http10 ? 0 : 1}\r\nHost: h\r\n${http10 ? 'Connection: keep-alive\r\n' : ''}`;
   head += chunked ? 'Transfer-Encoding: chunked\r\n\r\n' : `Content-Length: ${size}\r\n\r\n`;
-  const framed = chunked ? Buffer.concat([Buffer.from(size > 0 ? `${size.toString(16)}\r\n` : ''), body, Buffer.from(size > 0 ? '\r\n0\r\n\r\n' : '0\r\n\r\n')]) : body;
+  const framed = chunked
+    ? Buffer.concat([Buffer.from(size > 0 ? `${size.toString(16)}\r\n` : ''), body, Buffer.from(size > 0 ? '\r\n0\r\n\r\n' : '0\r\n\r\n')])
+    : body;
 
   const c = new Client();
   const hangUp = (): void => {
@@ -251,7 +269,9 @@ async function randomRequest(rand: () => number): Promise<{ cut: Cut; answered: 
         await Promise.race([eventually(() => (c.received.length > 0 ? true : undefined), 10_000), c.closed]).catch(() => undefined);
         hangUp();
       } else {
-        await Promise.race([eventually(() => (/^HTTP\/1\.[01] \d{3} /.test(c.received) ? true : undefined), 10_000), c.closed]).catch(() => undefined);
+        await Promise.race([eventually(() => (/^HTTP\/1\.[01] \d{3} /.test(c.received) ? true : undefined), 10_000), c.closed]).catch(
+          () => undefined,
+        );
         c.socket.destroy();
       }
     }

@@ -39,6 +39,8 @@ describe.each([true, false])('fastPath: %s', (fastPath) => {
     expect(proxy.connects()).toBe(1);
     expect(JSON.parse((await request({ port, host: 'h', path: '/other' })).body)).toEqual({ fastify: true });
     expect((await request({ port, host: 'h', path: '/proxy/services/p/none/' })).status).toBe(404);
-    expect((await request({ port, host: 'h', path: '/proxy/services/p/r', method: 'POST', headers: { 'content-length': '2000' } })).status).toBe(308);
+    expect(
+      (await request({ port, host: 'h', path: '/proxy/services/p/r', method: 'POST', headers: { 'content-length': '2000' } })).status,
+    ).toBe(308);
   });
 });

@@ -26,24 +26,29 @@ afterAll(async () => {
 });
 
 const PATHS = {
-  'the raw fast path': (target: string, last = false) => `GET /proxy/services/p/r${target} HTTP/1.1\r\nHost: h\r\n${last ? 'Connection: close\r\n' : ''}\r\n`,
-  "Node's handover path": (target: string, last = false) => `GET /proxy/services/p/r${target} HTTP/1.0\r\nHost: h\r\n${last ? '' : 'Connection: keep-alive\r\n'}\r\n`,
+  'the raw fast path': (target: string, last = false) =>
+    `GET /proxy/services/p/r${target} HTTP/1.1\r\nHost: h\r\n${last ? 'Connection: close\r\n' : ''}\r\n`,
+  "Node's handover path": (target: string, last = false) =>
+    `GET /proxy/services/p/r${target} HTTP/1.0\r\nHost: h\r\n${last ? '' : 'Connection: keep-alive\r\n'}\r\n`,
 };
 
 describe.each(Object.entries(PATHS))('a forged replica answer on %s', (_path, request) => {
-  it.each(['te-cl', 'te-cl-long', 'two-cl', 'longer-than-declared'])('%s → 502; the pipelined requests after it get their own answers', async (name) => {
-    const text = await pipelined(proxy.port, [request(`/evil/${name}`), request('/next'), request('/last', true)]);
-    const { responses, rest } = parseResponses(text);
-    expect(rest).toBe('');
-    expect(responses.map((r) => r.status)).toEqual([502, 200, 200]);
-    expect(JSON.parse(responses[0]!.body)).toEqual({ detail: 'Error requesting upstream' });
-    expect(responses.map((r) => r.body).slice(1)).toEqual(['real:/next', 'real:/last']);
-    expect(text).not.toContain('smuggled');
-    // The connection that lied was closed: the requests after it came on others.
-    const conn = (suffix: string): number | undefined => [...seen].reverse().find((r) => r.target.endsWith(suffix))?.conn;
-    expect(conn('/next')).not.toBe(conn(`/evil/${name}`));
-    expect(conn('/last')).not.toBe(conn(`/evil/${name}`));
-  });
+  it.each(['te-cl', 'te-cl-long', 'two-cl', 'longer-than-declared'])(
+    '%s → 502; the pipelined requests after it get their own answers',
+    async (name) => {
+      const text = await pipelined(proxy.port, [request(`/evil/${name}`), request('/next'), request('/last', true)]);
+      const { responses, rest } = parseResponses(text);
+      expect(rest).toBe('');
+      expect(responses.map((r) => r.status)).toEqual([502, 200, 200]);
+      expect(JSON.parse(responses[0]!.body)).toEqual({ detail: 'Error requesting upstream' });
+      expect(responses.map((r) => r.body).slice(1)).toEqual(['real:/next', 'real:/last']);
+      expect(text).not.toContain('smuggled');
+      // The connection that lied was closed: the requests after it came on others.
+      const conn = (suffix: string): number | undefined => [...seen].reverse().find((r) => r.target.endsWith(suffix))?.conn;
+      expect(conn('/next')).not.toBe(conn(`/evil/${name}`));
+      expect(conn('/last')).not.toBe(conn(`/evil/${name}`));
+    },
+  );
 
   it('a bad chunk size after the head: the client connection is closed, nothing after it is answered from the replica', async () => {
     const text = await pipelined(proxy.port, [request('/evil/bad-chunk'), request('/next')]);

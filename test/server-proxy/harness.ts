@@ -7,7 +7,12 @@ import { connect as netConnect } from 'node:net';
 import { Readable } from 'node:stream';
 import { pino } from 'pino';
 import { registerServerProxy } from '../../src/server-proxy/plugin.js';
-import { startServerProxy, type RunningServerProxy, type ServerProxyDeps, type ServerProxyServerOptions } from '../../src/daemon/server-proxy.js';
+import {
+  startServerProxy,
+  type RunningServerProxy,
+  type ServerProxyDeps,
+  type ServerProxyServerOptions,
+} from '../../src/daemon/server-proxy.js';
 import { emptyState, type ProxyState, type Service } from '../../src/spec/types.js';
 import { eventually } from '../helpers/nginx.js';
 import { tmpDir } from '../helpers/tmp.js';
@@ -75,7 +80,11 @@ export async function startHarness(options: Partial<ServerProxyServerOptions> = 
     url: proxy.url,
     dir,
     async put(doc) {
-      const r = await send(`${proxy.url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc) });
+      const r = await send(`${proxy.url}/api/v1/state`, {
+        method: 'PUT',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(doc),
+      });
       if (r.status !== 200) throw new Error(`PUT /api/v1/state → ${r.status} ${r.body.toString()}`);
       return r.json<{ generation: number }>().generation;
     },
@@ -135,10 +144,19 @@ export interface PluginApp {
  * listening on 127.0.0.1, whose service p/r is one direct replica on `replicaPort` reached over
  * TCP; connections to it are counted.
  */
-export async function startPluginApp(replicaPort: number, o: { clientMaxBodySize: number; fastPath?: boolean; rateLimits?: unknown[] }): Promise<PluginApp> {
+export async function startPluginApp(
+  replicaPort: number,
+  o: { clientMaxBodySize: number; fastPath?: boolean; rateLimits?: unknown[] },
+): Promise<PluginApp> {
   const state: ProxyState = emptyState();
   state.spec.services.push({
-    project: 'p', run: 'r', https: false, auth: false, stripPrefix: true, clientMaxBodySize: o.clientMaxBodySize, rateLimits: o.rateLimits ?? [],
+    project: 'p',
+    run: 'r',
+    https: false,
+    auth: false,
+    stripPrefix: true,
+    clientMaxBodySize: o.clientMaxBodySize,
+    rateLimits: o.rateLimits ?? [],
     replicas: [{ id: 'a', appPort: replicaPort, direct: { host: '127.0.0.1', port: replicaPort } }],
   } as unknown as Service);
   let connects = 0;

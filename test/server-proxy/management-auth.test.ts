@@ -140,13 +140,22 @@ describe('server-proxy: management routes on the network', () => {
     expect(new URL(apiUrl).hostname).toBe('127.0.0.1');
     expect(apiUrl).not.toBe(url);
     // On the public listener the management routes do not exist.
-    for (const [method, path] of [['PUT', '/api/v1/state'], ['GET', '/api/v1/state'], ['GET', '/api/v1/status'], ['GET', '/api/stats/collect']] as const) {
+    for (const [method, path] of [
+      ['PUT', '/api/v1/state'],
+      ['GET', '/api/v1/state'],
+      ['GET', '/api/v1/status'],
+      ['GET', '/api/stats/collect'],
+    ] as const) {
       const r = await fromOutside(url, path, method === 'PUT' ? { method, body: document() } : { method });
       expect(r.status, `${method} ${path}`).toBe(404);
     }
     // The management listener binds 127.0.0.1 only: 127.0.0.2 is another address, nothing there.
     expect(await connectRefused(OUTSIDE, Number(new URL(apiUrl).port), OUTSIDE)).toBe(true);
-    const put = await send(`${apiUrl}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(document()) });
+    const put = await send(`${apiUrl}/api/v1/state`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(document()),
+    });
     expect(put.status, put.body.toString()).toBe(200);
     expect((await send(`${apiUrl}/api/v1/status`)).status).toBe(200);
     expect((await send(`${apiUrl}/api/stats/collect`)).status).toBe(200);
@@ -161,7 +170,11 @@ describe('server-proxy: management routes on the network', () => {
     const { url, apiUrl } = await start(['--port', '0']);
     expect(apiUrl).toBe(url);
     expect(new URL(url).hostname).toBe('127.0.0.1');
-    const put = await send(`${url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(document()) });
+    const put = await send(`${url}/api/v1/state`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(document()),
+    });
     expect(put.status, put.body.toString()).toBe(200);
   });
 });

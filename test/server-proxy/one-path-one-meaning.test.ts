@@ -35,7 +35,10 @@ let app: PluginApp;
 
 beforeAll(async () => {
   replica = await startReplica();
-  app = await startPluginApp(replica.port, { clientMaxBodySize: 0, rateLimits: [{ prefix: '/v1', key: { type: 'ipAddress' }, rps: 0.001, burst: 0 }] });
+  app = await startPluginApp(replica.port, {
+    clientMaxBodySize: 0,
+    rateLimits: [{ prefix: '/v1', key: { type: 'ipAddress' }, rps: 0.001, burst: 0 }],
+  });
 });
 
 afterAll(async () => {
@@ -51,7 +54,14 @@ describe('rate limits match the normalised path', () => {
     // One bucket (one client address) for both paths: the first request may find it spent already.
     const first = await exchange(app.port, request('/proxy/services/p/r/v1/chat/completions'));
     expect([200, 429]).toContain(first.status);
-    for (const spelling of ['/%761/chat/completions', '//v1/chat/completions', '/./v1/chat/completions', '/x/../v1/chat/completions', '/%2E/v1', '/v%31']) {
+    for (const spelling of [
+      '/%761/chat/completions',
+      '//v1/chat/completions',
+      '/./v1/chat/completions',
+      '/x/../v1/chat/completions',
+      '/%2E/v1',
+      '/v%31',
+    ]) {
       const r = await exchange(app.port, request(`/proxy/services/p/r${spelling}`));
       expect(r.status, spelling).toBe(429);
     }
@@ -70,7 +80,13 @@ describe('two Host headers are a 400', () => {
   it.each([
     ['the raw fast path (handed to Node)', HTTP11('/proxy/services/p/r/echo', TWO)],
     ["Node's handover path", HTTP10('/proxy/services/p/r/echo', TWO)],
-    ['a WebSocket upgrade', HTTP11('/proxy/services/p/r/ws', `${TWO}Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n`)],
+    [
+      'a WebSocket upgrade',
+      HTTP11(
+        '/proxy/services/p/r/ws',
+        `${TWO}Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n`,
+      ),
+    ],
   ])('in-server proxy, %s; nothing reaches the replica', async (_name, request) => {
     const before = replica.seen.length;
     const r = await exchange(app.port, request);
@@ -102,7 +118,13 @@ describe('two Host headers are a 400', () => {
       t = await startTestGateway();
       const put = await putState(t, gatewayDoc([{ run: 'web', ports: [replica.port] }]));
       expect(put.status, put.body).toBe(200);
-      await eventually(async () => ((await exchange(t.httpPort, `GET /echo HTTP/1.1\r\nHost: web.gw.test\r\nConnection: close\r\n\r\n`)).status === 200 ? true : undefined), 15_000);
+      await eventually(
+        async () =>
+          (await exchange(t.httpPort, `GET /echo HTTP/1.1\r\nHost: web.gw.test\r\nConnection: close\r\n\r\n`)).status === 200
+            ? true
+            : undefined,
+        15_000,
+      );
     }, 60_000);
     afterAll(async () => {
       await t?.cleanup();

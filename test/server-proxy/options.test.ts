@@ -32,7 +32,12 @@ describe('server-proxy options', () => {
     writeFileSync(file, 'db: sqlite:file.db\nport: 9001\nhost: 127.0.0.2\nreadTimeout: 5\ninsecureOpenApi: true\napiPort: 9100\n');
     const o = resolveServerProxyOptions({
       configFile: file,
-      env: { DSTACK_PROXY_PORT: '9002', DSTACK_PROXY_READ_TIMEOUT: '7', DSTACK_PROXY_DB: 'sqlite:env.db', DSTACK_PROXY_INSECURE_OPEN_API: 'false' },
+      env: {
+        DSTACK_PROXY_PORT: '9002',
+        DSTACK_PROXY_READ_TIMEOUT: '7',
+        DSTACK_PROXY_DB: 'sqlite:env.db',
+        DSTACK_PROXY_INSECURE_OPEN_API: 'false',
+      },
       flags: { readTimeout: '9.5', connectTimeout: '0.25' },
     });
     expect(o).toMatchObject({
@@ -45,7 +50,9 @@ describe('server-proxy options', () => {
       insecureOpenApi: false,
     });
     // A switch given on the command line is `true`, whatever the file and env say.
-    expect(resolveServerProxyOptions({ configFile: file, env: { DSTACK_PROXY_INSECURE_OPEN_API: 'false' }, flags: { insecureOpenApi: 'true' } })).toMatchObject({
+    expect(
+      resolveServerProxyOptions({ configFile: file, env: { DSTACK_PROXY_INSECURE_OPEN_API: 'false' }, flags: { insecureOpenApi: 'true' } }),
+    ).toMatchObject({
       insecureOpenApi: true,
     });
   });
@@ -54,8 +61,14 @@ describe('server-proxy options', () => {
     [{ flags: {} }, /--db is required \(sqlite:PATH or postgres:\/\/…\)/],
     [{ flags: { db: 'sqlite:x.db', port: '70000' } }, /--port: must be a port number/],
     [{ flags: { db: 'sqlite:x.db', apiHost: '127.0.0.1' } }, /--api-host needs --api-port \(management on its own listener\)/],
-    [{ flags: { db: 'sqlite:x.db' }, env: { DSTACK_PROXY_CONNECT_TIMEOUT: '0' } }, /DSTACK_PROXY_CONNECT_TIMEOUT: must be a number of seconds/],
-    [{ flags: { db: 'sqlite:x.db' }, env: { DSTACK_PROXY_INSECURE_OPEN_API: 'yes' } }, /DSTACK_PROXY_INSECURE_OPEN_API: must be true or false/],
+    [
+      { flags: { db: 'sqlite:x.db' }, env: { DSTACK_PROXY_CONNECT_TIMEOUT: '0' } },
+      /DSTACK_PROXY_CONNECT_TIMEOUT: must be a number of seconds/,
+    ],
+    [
+      { flags: { db: 'sqlite:x.db' }, env: { DSTACK_PROXY_INSECURE_OPEN_API: 'yes' } },
+      /DSTACK_PROXY_INSECURE_OPEN_API: must be true or false/,
+    ],
     [{ flags: { db: 'sqlite:x.db', logLevel: 'loud' } }, /--log-level: must be one of trace/],
   ])('rejects %j with DP_ERR_BAD_OPTION and a sentence naming the option', (sources, message) => {
     expect(() => resolveServerProxyOptions(sources)).toThrow(message);

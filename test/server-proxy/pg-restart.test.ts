@@ -70,7 +70,10 @@ describe.skipIf(!havePostgres)('two server-proxy processes across a PostgreSQL r
   });
 
   const alive = (): void => {
-    for (const [name, p] of [['A', a], ['B', b]] as const) {
+    for (const [name, p] of [
+      ['A', a],
+      ['B', b],
+    ] as const) {
       if (p.child.exitCode !== null || p.child.signalCode !== null) {
         throw new Error(`server-proxy ${name} died (${p.child.exitCode ?? p.child.signalCode}):\n${p.output()}`);
       }
@@ -81,7 +84,8 @@ describe.skipIf(!havePostgres)('two server-proxy processes across a PostgreSQL r
       `PUT ${url}/api/v1/state`,
       send(`${url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc(services)) }),
     );
-  const through = (p: ProxyProcess, run: string): Promise<Reply> => withDeadline(`GET via ${p.url}`, send(`${p.url}/proxy/services/test-proj/${run}/echo`));
+  const through = (p: ProxyProcess, run: string): Promise<Reply> =>
+    withDeadline(`GET via ${p.url}`, send(`${p.url}/proxy/services/test-proj/${run}/echo`));
   const serves = (p: ProxyProcess, run: string, timeoutMs = 30_000): Promise<true> =>
     eventually(async () => ((await through(p, run)).status === 200 ? true : undefined), timeoutMs);
   const storeStatus = async (p: ProxyProcess): Promise<StoreStatus> => {

@@ -22,7 +22,9 @@ beforeAll(async () => {
   replica = await startReplica();
   control = Fastify();
   control.post<{ Params: { project: string } }>('/api/projects/:project/get', async (req, reply) =>
-    req.headers.authorization === 'Bearer correct-token' && req.params.project === 'test-proj' ? { ok: true } : reply.code(403).send({ detail: 'no' }),
+    req.headers.authorization === 'Bearer correct-token' && req.params.project === 'test-proj'
+      ? { ok: true }
+      : reply.code(403).send({ detail: 'no' }),
   );
   const controlUrl = await control.listen({ host: '127.0.0.1', port: 0 });
   h = await startHarness({ serverUrl: controlUrl, readTimeoutMs: 1_500 });
@@ -33,7 +35,12 @@ beforeAll(async () => {
     doc([
       directService('test-proj', 'httpbin', p),
       directService('test-proj', 'secure', p, { auth: true }),
-      directService('test-proj', 'limited', p, { rateLimits: [{ prefix: '/', key: { type: 'ipAddress' }, rps: 0.001, burst: 2 }, { prefix: '/free', key: { type: 'ipAddress' }, rps: 1000, burst: 1000 }] }),
+      directService('test-proj', 'limited', p, {
+        rateLimits: [
+          { prefix: '/', key: { type: 'ipAddress' }, rps: 0.001, burst: 2 },
+          { prefix: '/free', key: { type: 'ipAddress' }, rps: 1000, burst: 1000 },
+        ],
+      }),
       directService('test-proj', 'small', p, { clientMaxBodySize: 1024 }),
       directService('test-proj', 'dead', deadPort),
       { project: 'test-proj', run: 'empty', auth: false, replicas: [] },
@@ -113,7 +120,11 @@ describe('dstack peer cases', () => {
   });
 
   it('404 for an unknown run, an unknown project, and a service without replicas', async () => {
-    for (const [p, r] of [['test-proj', 'unknown'], ['unknown', 'test-run'], ['test-proj', 'empty']] as const) {
+    for (const [p, r] of [
+      ['test-proj', 'unknown'],
+      ['unknown', 'test-run'],
+      ['test-proj', 'empty'],
+    ] as const) {
       const res = await send(`${base}/${p}/${r}/`);
       expect(res.status).toBe(404);
       expect(res.json()).toEqual({ detail: `Service ${p}/${r} not found` });
@@ -129,7 +140,10 @@ describe('dstack peer cases', () => {
   });
 
   it("drops the replica's Server and Date", async () => {
-    const r = await send(`${base}/test-proj/httpbin/response-headers?X-Custom-Header=1&Server=test&Date=Mon,%2011%20May%202020%2000:00:00%20GMT`, { method: 'POST' });
+    const r = await send(
+      `${base}/test-proj/httpbin/response-headers?X-Custom-Header=1&Server=test&Date=Mon,%2011%20May%202020%2000:00:00%20GMT`,
+      { method: 'POST' },
+    );
     expect(r.status).toBe(200);
     expect(r.headers['x-custom-header']).toBe('1');
     expect(r.headers.server).toBeUndefined();
@@ -163,7 +177,15 @@ describe('dstack peer cases', () => {
 describe('beyond dstack', () => {
   it('sets X-Forwarded-*, strips hop-by-hop headers, keeps encoded paths byte-exact', async () => {
     const r = await send(`${base}/test-proj/httpbin/echo/a%2Fb%20c?z=1&a=%41`, {
-      headers: { host: 'svc.example:81', connection: 'keep-alive, x-private', 'x-private': 'hop', 'keep-alive': 'timeout=5', te: 'trailers', 'proxy-authorization': 'Basic x', 'x-forwarded-for': '10.0.0.1' },
+      headers: {
+        host: 'svc.example:81',
+        connection: 'keep-alive, x-private',
+        'x-private': 'hop',
+        'keep-alive': 'timeout=5',
+        te: 'trailers',
+        'proxy-authorization': 'Basic x',
+        'x-forwarded-for': '10.0.0.1',
+      },
     });
     const e = r.json<{ url: string; headers: Record<string, string> }>();
     expect(e.url).toBe('/echo/a%2Fb%20c?z=1&a=%41');
@@ -186,9 +208,15 @@ describe('beyond dstack', () => {
     const declared = await send(`${base}/test-proj/small/echo`, { method: 'POST', body: Buffer.alloc(2048) });
     expect(declared.status).toBe(413);
     expect(declared.json<{ detail: string }>().detail).toMatch(/larger than 1024 bytes/);
-    const chunked = await send(`${base}/test-proj/small/echo`, { method: 'POST', body: Readable.from([Buffer.alloc(600), Buffer.alloc(600)]) });
+    const chunked = await send(`${base}/test-proj/small/echo`, {
+      method: 'POST',
+      body: Readable.from([Buffer.alloc(600), Buffer.alloc(600)]),
+    });
     expect(chunked.status).toBe(413);
-    const fits = await send(`${base}/test-proj/small/echo`, { method: 'POST', body: Readable.from([Buffer.alloc(500), Buffer.alloc(500)]) });
+    const fits = await send(`${base}/test-proj/small/echo`, {
+      method: 'POST',
+      body: Readable.from([Buffer.alloc(500), Buffer.alloc(500)]),
+    });
     expect(fits.status).toBe(200);
     expect(fits.json<{ bodyBytes: number }>().bodyBytes).toBe(1000);
   });
@@ -245,7 +273,14 @@ describe('beyond dstack', () => {
   it('refuses a WebSocket to an auth service without a token (403) and to an unknown one (404)', async () => {
     const status = (url: string): Promise<number> =>
       new Promise((resolve, reject) => {
-        const req = httpRequest(url, { headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-key': 'dGhlIHNhbXBsZSBub25jZQ==', 'sec-websocket-version': '13' } });
+        const req = httpRequest(url, {
+          headers: {
+            connection: 'Upgrade',
+            upgrade: 'websocket',
+            'sec-websocket-key': 'dGhlIHNhbXBsZSBub25jZQ==',
+            'sec-websocket-version': '13',
+          },
+        });
         req.on('response', (res) => {
           res.resume();
           resolve(res.statusCode ?? 0);
@@ -267,7 +302,9 @@ describe('beyond dstack', () => {
     const n = 7;
     for (let i = 0; i < n; i++) await send(`${base}/my-proj/my-run/s`);
     const r = await send(`${h.url}/api/stats/collect`);
-    const entry = r.json<{ project_name: string; run_name: string; stats: Record<string, { requests: number; request_time: number }> }[]>().find((s) => s.run_name === 'my-run');
+    const entry = r
+      .json<{ project_name: string; run_name: string; stats: Record<string, { requests: number; request_time: number }> }[]>()
+      .find((s) => s.run_name === 'my-run');
     expect(entry?.project_name).toBe('my-proj');
     expect(entry!.stats['300']!.requests - before).toBe(n);
     expect(entry!.stats['30']!.requests).toBeGreaterThanOrEqual(n);
@@ -279,7 +316,10 @@ describe('beyond dstack', () => {
     expect(s.status).toBe(200);
     expect(s.json<{ metadata: { generation: number } }>().metadata.generation).toBe(1);
     const st = await send(`${h.url}/api/v1/status`);
-    expect(st.json<{ store: { kind: string; generation: number }; ready: boolean }>()).toMatchObject({ ready: true, store: { kind: 'sqlite', generation: 1 } });
+    expect(st.json<{ store: { kind: string; generation: number }; ready: boolean }>()).toMatchObject({
+      ready: true,
+      store: { kind: 'sqlite', generation: 1 },
+    });
     expect((await send(`${h.url}/healthz`)).status).toBe(200);
     expect((await send(`${h.url}/readyz`)).status).toBe(200);
   });

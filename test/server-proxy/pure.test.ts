@@ -42,7 +42,14 @@ describe('parseProxyTarget / upstreamTarget', () => {
     expect(upstreamTarget(t, false)).toBe(url);
   });
 
-  it.each(['/proxy/services/p', '/proxy/services/p/r/..', '/proxy/services//r/', '/proxy/servicesx/p/r/', '/other', '/proxy/services/%zz/r/'])('%s is not a service path', (url) => {
+  it.each([
+    '/proxy/services/p',
+    '/proxy/services/p/r/..',
+    '/proxy/services//r/',
+    '/proxy/servicesx/p/r/',
+    '/other',
+    '/proxy/services/%zz/r/',
+  ])('%s is not a service path', (url) => {
     expect(parseProxyTarget(url)).toBeNull();
   });
 });
@@ -50,23 +57,86 @@ describe('parseProxyTarget / upstreamTarget', () => {
 describe('headers', () => {
   const ctx = { clientIp: '10.1.1.1', proto: 'https', dropAuthorization: true };
   it('strips hop-by-hop and Connection-listed headers, sets X-Forwarded-*, drops Authorization for proxy auth', () => {
-    const raw = ['Host', 'a.example', 'Connection', 'keep-alive, X-Drop', 'X-Drop', '1', 'Keep-Alive', 'timeout=5', 'Authorization', 'Bearer t', 'X-Forwarded-For', '1.2.3.4', 'X-Real-IP', 'spoof', 'Cookie', 'c=1', 'Transfer-Encoding', 'chunked', 'Expect', '100-continue'];
+    const raw = [
+      'Host',
+      'a.example',
+      'Connection',
+      'keep-alive, X-Drop',
+      'X-Drop',
+      '1',
+      'Keep-Alive',
+      'timeout=5',
+      'Authorization',
+      'Bearer t',
+      'X-Forwarded-For',
+      '1.2.3.4',
+      'X-Real-IP',
+      'spoof',
+      'Cookie',
+      'c=1',
+      'Transfer-Encoding',
+      'chunked',
+      'Expect',
+      '100-continue',
+    ];
     expect(upstreamRequestHeaders(raw, ctx)).toEqual([
-      'Host', 'a.example', 'Cookie', 'c=1',
-      'X-Forwarded-For', '1.2.3.4, 10.1.1.1', 'X-Forwarded-Proto', 'https', 'X-Real-IP', '10.1.1.1', 'X-Forwarded-Host', 'a.example',
+      'Host',
+      'a.example',
+      'Cookie',
+      'c=1',
+      'X-Forwarded-For',
+      '1.2.3.4, 10.1.1.1',
+      'X-Forwarded-Proto',
+      'https',
+      'X-Real-IP',
+      '10.1.1.1',
+      'X-Forwarded-Host',
+      'a.example',
     ]);
   });
   it('keeps Upgrade for a WebSocket handshake and Authorization for a public service', () => {
-    const out = upstreamRequestHeaders(['Upgrade', 'websocket', 'Connection', 'Upgrade', 'Authorization', 'x'], { ...ctx, dropAuthorization: false, upgrade: true });
+    const out = upstreamRequestHeaders(['Upgrade', 'websocket', 'Connection', 'Upgrade', 'Authorization', 'x'], {
+      ...ctx,
+      dropAuthorization: false,
+      upgrade: true,
+    });
     expect(out.slice(0, 6)).toEqual(['Upgrade', 'websocket', 'Authorization', 'x', 'Connection', 'Upgrade']);
   });
   it("drops the replica's hop-by-hop headers, Server and Date; keeps every Set-Cookie", () => {
     expect(
-      downstreamResponseHeaders({ server: 'x', date: 'y', connection: 'close, x-conn', 'x-conn': '1', 'keep-alive': 'timeout=5', 'transfer-encoding': 'chunked', 'set-cookie': ['a=1', 'b=2'], 'content-type': 'text/plain' }),
+      downstreamResponseHeaders({
+        server: 'x',
+        date: 'y',
+        connection: 'close, x-conn',
+        'x-conn': '1',
+        'keep-alive': 'timeout=5',
+        'transfer-encoding': 'chunked',
+        'set-cookie': ['a=1', 'b=2'],
+        'content-type': 'text/plain',
+      }),
     ).toEqual(['set-cookie', 'a=1', 'set-cookie', 'b=2', 'content-type', 'text/plain']);
   });
   it('the same rules over the raw list, names kept as the replica sent them', () => {
-    const raw = ['Server', 'x', 'Date', 'y', 'Connection', 'close, X-Conn', 'X-Conn', '1', 'Keep-Alive', 'timeout=5', 'Transfer-Encoding', 'chunked', 'Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain'];
+    const raw = [
+      'Server',
+      'x',
+      'Date',
+      'y',
+      'Connection',
+      'close, X-Conn',
+      'X-Conn',
+      '1',
+      'Keep-Alive',
+      'timeout=5',
+      'Transfer-Encoding',
+      'chunked',
+      'Set-Cookie',
+      'a=1',
+      'Set-Cookie',
+      'b=2',
+      'Content-Type',
+      'text/plain',
+    ];
     expect(downstreamRawHeaders(raw)).toEqual(['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain']);
     // The length is the relay's to set from what it checked, never the replica's copy.
     expect(downstreamRawHeaders(['Connection', 'keep-alive', 'Content-Length', '0', 'X-A', '1'])).toEqual(['X-A', '1']);
@@ -76,7 +146,11 @@ describe('headers', () => {
 describe('rate limits', () => {
   const ip = (prefix: string, rps: number, burst: number): RateLimit => ({ prefix, key: { type: 'ipAddress' }, rps, burst });
   it('longest prefix wins; equal prefixes apply together', () => {
-    const ls = [ip('/', 1, 0), ip('/api', 2, 0), { prefix: '/api', key: { type: 'header', header: 'x-key' }, rps: 3, burst: 0 } as RateLimit];
+    const ls = [
+      ip('/', 1, 0),
+      ip('/api', 2, 0),
+      { prefix: '/api', key: { type: 'header', header: 'x-key' }, rps: 3, burst: 0 } as RateLimit,
+    ];
     expect(longestPrefix(ls, '/api/x').map((l) => l.rps)).toEqual([2, 3]);
     expect(longestPrefix(ls, '/other').map((l) => l.rps)).toEqual([1]);
   });
@@ -99,14 +173,35 @@ describe('in-process stats', () => {
     let now = Date.UTC(2024, 11, 6, 12, 10, 0);
     const stats = createInProcessStats({ clock: { now: () => now } });
     const state = emptyState();
-    const svc = (run: string) => ({ project: 'p', run, https: false, auth: false, clientMaxBodySize: 0, stripPrefix: true, rateLimits: [], replicas: [] });
+    const svc = (run: string) => ({
+      project: 'p',
+      run,
+      https: false,
+      auth: false,
+      clientMaxBodySize: 0,
+      stripPrefix: true,
+      rateLimits: [],
+      replicas: [],
+    });
     state.spec.services = [svc('a'), svc('b')];
     stats.record('p/a', 100);
     now += 40_000;
     stats.record('p/a', 300);
     expect(await stats.collect(state)).toEqual([
-      { project_name: 'p', run_name: 'a', stats: { '30': { requests: 1, request_time: 0.3 }, '60': { requests: 2, request_time: 0.2 }, '300': { requests: 2, request_time: 0.2 } } },
-      { project_name: 'p', run_name: 'b', stats: { '30': { requests: 0, request_time: 0 }, '60': { requests: 0, request_time: 0 }, '300': { requests: 0, request_time: 0 } } },
+      {
+        project_name: 'p',
+        run_name: 'a',
+        stats: {
+          '30': { requests: 1, request_time: 0.3 },
+          '60': { requests: 2, request_time: 0.2 },
+          '300': { requests: 2, request_time: 0.2 },
+        },
+      },
+      {
+        project_name: 'p',
+        run_name: 'b',
+        stats: { '30': { requests: 0, request_time: 0 }, '60': { requests: 0, request_time: 0 }, '300': { requests: 0, request_time: 0 } },
+      },
     ]);
   });
 });

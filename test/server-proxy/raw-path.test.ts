@@ -115,7 +115,14 @@ describe('in-server proxy raw fast path', () => {
           return;
         }
         res.setHeader('content-type', 'application/json');
-        res.end(JSON.stringify({ method: req.method, url: req.url, body: Buffer.concat(parts).toString('utf8'), xff: req.headers['x-forwarded-for'] }));
+        res.end(
+          JSON.stringify({
+            method: req.method,
+            url: req.url,
+            body: Buffer.concat(parts).toString('utf8'),
+            xff: req.headers['x-forwarded-for'],
+          }),
+        );
       });
     });
     await new Promise<void>((resolve) => replica.listen(0, '127.0.0.1', resolve));
@@ -248,7 +255,11 @@ describe('in-server proxy raw fast path', () => {
 
   it('closes idle raw connections at shutdown', async () => {
     const own = fastify();
-    await registerServerProxy(own, { getState: () => emptyState(), connect: async () => netConnect(1, '127.0.0.1'), authorize: async () => 'allow' });
+    await registerServerProxy(own, {
+      getState: () => emptyState(),
+      connect: async () => netConnect(1, '127.0.0.1'),
+      authorize: async () => 'allow',
+    });
     await own.listen({ host: '127.0.0.1', port: 0 });
     const c = new Conn((own.server.address() as { port: number }).port);
     c.send(get('/proxy/services/p/none/'));

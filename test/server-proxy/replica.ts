@@ -96,7 +96,14 @@ export async function startReplica(port = 0): Promise<TestReplica> {
     });
     req.on('end', () => {
       if (p === '/sink') return json(200, { bytes });
-      json(200, { method: req.method, url: req.url, headers: req.headers, rawHeaders: req.rawHeaders, bodyBytes: bytes, sha256: hash.digest('hex') });
+      json(200, {
+        method: req.method,
+        url: req.url,
+        headers: req.headers,
+        rawHeaders: req.rawHeaders,
+        bodyBytes: bytes,
+        sha256: hash.digest('hex'),
+      });
     });
   };
   const server = createServer({ keepAliveTimeout: 5_000 }, handle);
@@ -109,7 +116,9 @@ export async function startReplica(port = 0): Promise<TestReplica> {
     const key = req.headers['sec-websocket-key'];
     if (typeof key !== 'string') return void socket.destroy();
     const accept = createHash('sha1').update(`${key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`).digest('base64');
-    socket.write(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\nX-Seen-Path: ${req.url}\r\n\r\n`);
+    socket.write(
+      `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\nX-Seen-Path: ${req.url}\r\n\r\n`,
+    );
     let buf = Buffer.alloc(0);
     socket.on('data', (d: Buffer) => {
       buf = Buffer.concat([buf, d]);

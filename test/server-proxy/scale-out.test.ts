@@ -54,7 +54,9 @@ it('a PUT to A is served by B within 1 s', async () => {
 
 it('concurrent PUTs with the same If-Match: exactly one winner', async () => {
   const gen = (await send(`${a.url}/api/v1/state`)).json<{ metadata: { generation: number } }>().metadata.generation;
-  const writers = Array.from({ length: 10 }, (_, i) => put(i % 2 ? a.url : b.url, doc([directService('test-proj', `race-${i}`, replica.port)]), gen));
+  const writers = Array.from({ length: 10 }, (_, i) =>
+    put(i % 2 ? a.url : b.url, doc([directService('test-proj', `race-${i}`, replica.port)]), gen),
+  );
   const statuses = (await Promise.all(writers)).map((r) => r.status);
   expect(statuses.filter((s) => s === 200)).toHaveLength(1);
   expect(statuses.filter((s) => s === 409)).toHaveLength(9);

@@ -74,7 +74,10 @@ describe('a rejected PUT or validate names the rule, never the secret', () => {
   let proxy: RunningServerProxy;
   const t = tmpDir('dp-secrets-');
   beforeAll(async () => {
-    proxy = await startServerProxy({ db: `sqlite:${t.dir}/proxy.db`, port: 0, stateDir: `${t.dir}/state` }, { logger: pino({ level: 'silent' }) });
+    proxy = await startServerProxy(
+      { db: `sqlite:${t.dir}/proxy.db`, port: 0, stateDir: `${t.dir}/state` },
+      { logger: pino({ level: 'silent' }) },
+    );
   });
   afterAll(async () => {
     await proxy?.close();
@@ -82,7 +85,11 @@ describe('a rejected PUT or validate names the rule, never the secret', () => {
   });
 
   it.each(BAD)('PUT with %s → 422 without any part of it', async (_name, doc) => {
-    const r = await send(`${proxy.url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(doc) });
+    const r = await send(`${proxy.url}/api/v1/state`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(doc),
+    });
     expect(r.status).toBe(422);
     const body = r.json<{ code: string; errors: { path: string; message: string }[] }>();
     expect(body.code).toBe('DP_ERR_INVALID_DOCUMENT');
@@ -120,7 +127,10 @@ describe('a rejected PUT or validate names the rule, never the secret', () => {
 });
 
 /** A server proxy whose pino log lines are kept, parsed, for the assertions. */
-async function startLogged(db: string, dir: string): Promise<{ proxy: RunningServerProxy; lines: () => Record<string, unknown>[]; raw: string[] }> {
+async function startLogged(
+  db: string,
+  dir: string,
+): Promise<{ proxy: RunningServerProxy; lines: () => Record<string, unknown>[]; raw: string[] }> {
   const raw: string[] = [];
   const sink = new Writable({
     write(chunk: Buffer, _enc, done) {
@@ -164,7 +174,9 @@ describe('an invalid row written straight into the database', () => {
       const db = new Database(file);
       try {
         db.pragma('busy_timeout = 5000');
-        db.prepare("UPDATE proxy_state SET generation = 7, document = ?, hash = NULL, updated_at = '2026-12-01T00:00:00Z' WHERE id = 1").run(JSON.stringify(ROW));
+        db.prepare(
+          "UPDATE proxy_state SET generation = 7, document = ?, hash = NULL, updated_at = '2026-12-01T00:00:00Z' WHERE id = 1",
+        ).run(JSON.stringify(ROW));
       } finally {
         db.close();
       }

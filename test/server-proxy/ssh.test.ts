@@ -31,7 +31,13 @@ beforeAll(async () => {
           project: 'ssh-proj',
           run: 'tunnelled',
           auth: false,
-          replicas: [{ id: 'r0', appPort: replica.port, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user, hostKeyFingerprint: sshd.fingerprint() } }],
+          replicas: [
+            {
+              id: 'r0',
+              appPort: replica.port,
+              ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user, hostKeyFingerprint: sshd.fingerprint() },
+            },
+          ],
         },
       ],
     },

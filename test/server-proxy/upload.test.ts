@@ -25,12 +25,20 @@ afterAll(async () => {
 
 it('streams a 1 GiB upload with RSS growing < 50 MB', async () => {
   // Warm up the code paths, then measure.
-  await send(`${h.url}/proxy/services/test-proj/big/sink`, { method: 'POST', body: zeros(64 * CHUNK), headers: { 'content-length': String(64 * CHUNK) } });
+  await send(`${h.url}/proxy/services/test-proj/big/sink`, {
+    method: 'POST',
+    body: zeros(64 * CHUNK),
+    headers: { 'content-length': String(64 * CHUNK) },
+  });
   global.gc?.();
   const before = process.memoryUsage().rss;
   let peak = before;
   const timer = setInterval(() => (peak = Math.max(peak, process.memoryUsage().rss)), 50);
-  const r = await send(`${h.url}/proxy/services/test-proj/big/sink`, { method: 'POST', body: zeros(GiB), headers: { 'content-length': String(GiB) } });
+  const r = await send(`${h.url}/proxy/services/test-proj/big/sink`, {
+    method: 'POST',
+    body: zeros(GiB),
+    headers: { 'content-length': String(GiB) },
+  });
   clearInterval(timer);
   peak = Math.max(peak, process.memoryUsage().rss);
   expect(r.status).toBe(200);

@@ -71,7 +71,10 @@ async function openThroughProxy(path: string): Promise<Client> {
     `GET /proxy/services/test-proj/ws/${path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n` +
       'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n',
   );
-  await eventually(() => (c.received.startsWith('HTTP/1.1 101') ? true : c.closed ? Promise.reject(new Error(c.received)) : undefined), 10_000);
+  await eventually(
+    () => (c.received.startsWith('HTTP/1.1 101') ? true : c.closed ? Promise.reject(new Error(c.received)) : undefined),
+    10_000,
+  );
   return c;
 }
 

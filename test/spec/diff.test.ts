@@ -19,64 +19,156 @@ describe('diffSpecs', () => {
   });
 
   it.each<[string, Edit[], ObjectChange[]]>([
-    ['acme: a changed server and a new email', [['/spec/acme', { server: 'https://other.example.com/dir' }]], [
-      { kind: 'acme', key: 'acme', op: 'changed', fields: [
-        { field: 'email', old: 'ops@example.com' },
-        { field: 'server', old: 'https://acme.example.com/directory', new: 'https://other.example.com/dir' },
-      ] },
-    ]],
+    [
+      'acme: a changed server and a new email',
+      [['/spec/acme', { server: 'https://other.example.com/dir' }]],
+      [
+        {
+          kind: 'acme',
+          key: 'acme',
+          op: 'changed',
+          fields: [
+            { field: 'email', old: 'ops@example.com' },
+            { field: 'server', old: 'https://acme.example.com/directory', new: 'https://other.example.com/dir' },
+          ],
+        },
+      ],
+    ],
     ['project added', [['/spec/projects/-', { name: 'new-project' }]], [{ kind: 'project', key: 'new-project', op: 'added' }]],
-    ['service added (with its replicas)', [['/spec/services/-', { project: 'research', run: 'qwen', replicas: [{ id: 'q1', appPort: 80, direct: { host: '10.1.1.1', port: 80 } }] }]], [
-      { kind: 'service', key: 'research/qwen', op: 'added' },
-      { kind: 'replica', key: 'research/qwen/q1', op: 'added' },
-    ]],
-    ['service removed (with its replicas)', [['/spec/services/0', REMOVE]], [
-      { kind: 'service', key: 'main/llama', op: 'removed' },
-      { kind: 'replica', key: 'main/llama/r1', op: 'removed' },
-      { kind: 'replica', key: 'main/llama/r2', op: 'removed' },
-    ]],
-    ['service changed', [[`${S0}/auth`, false], [`${S0}/domain`, 'llama2.gw.example.com'], [`${S0}/model/prefix`, '/v2']], [
-      { kind: 'service', key: 'main/llama', op: 'changed', fields: [
-        { field: 'auth', old: true, new: false },
-        { field: 'domain', old: 'llama.gw.example.com', new: 'llama2.gw.example.com' },
-        { field: 'model.prefix', old: '/v1', new: '/v2' },
-      ] },
-    ]],
-    ['service rate limits changed (a list compares as a whole)', [[`${S0}/rateLimits/0/rps`, 3]], [
-      { kind: 'service', key: 'main/llama', op: 'changed', fields: [
-        { field: 'rateLimits', old: [{ prefix: '/v1/chat', key: { type: 'ipAddress' }, rps: 2.5, burst: 5 }], new: [{ prefix: '/v1/chat', key: { type: 'ipAddress' }, rps: 3, burst: 5 }] },
-      ] },
-    ]],
-    ['replica added', [[`${S1}/replicas/-`, { id: 'r4', appPort: 81, direct: { host: '10.0.0.9', port: 81 } }]], [
-      { kind: 'replica', key: 'research/mistral/r4', op: 'added' },
-    ]],
+    [
+      'service added (with its replicas)',
+      [
+        [
+          '/spec/services/-',
+          { project: 'research', run: 'qwen', replicas: [{ id: 'q1', appPort: 80, direct: { host: '10.1.1.1', port: 80 } }] },
+        ],
+      ],
+      [
+        { kind: 'service', key: 'research/qwen', op: 'added' },
+        { kind: 'replica', key: 'research/qwen/q1', op: 'added' },
+      ],
+    ],
+    [
+      'service removed (with its replicas)',
+      [['/spec/services/0', REMOVE]],
+      [
+        { kind: 'service', key: 'main/llama', op: 'removed' },
+        { kind: 'replica', key: 'main/llama/r1', op: 'removed' },
+        { kind: 'replica', key: 'main/llama/r2', op: 'removed' },
+      ],
+    ],
+    [
+      'service changed',
+      [
+        [`${S0}/auth`, false],
+        [`${S0}/domain`, 'llama2.gw.example.com'],
+        [`${S0}/model/prefix`, '/v2'],
+      ],
+      [
+        {
+          kind: 'service',
+          key: 'main/llama',
+          op: 'changed',
+          fields: [
+            { field: 'auth', old: true, new: false },
+            { field: 'domain', old: 'llama.gw.example.com', new: 'llama2.gw.example.com' },
+            { field: 'model.prefix', old: '/v1', new: '/v2' },
+          ],
+        },
+      ],
+    ],
+    [
+      'service rate limits changed (a list compares as a whole)',
+      [[`${S0}/rateLimits/0/rps`, 3]],
+      [
+        {
+          kind: 'service',
+          key: 'main/llama',
+          op: 'changed',
+          fields: [
+            {
+              field: 'rateLimits',
+              old: [{ prefix: '/v1/chat', key: { type: 'ipAddress' }, rps: 2.5, burst: 5 }],
+              new: [{ prefix: '/v1/chat', key: { type: 'ipAddress' }, rps: 3, burst: 5 }],
+            },
+          ],
+        },
+      ],
+    ],
+    [
+      'replica added',
+      [[`${S1}/replicas/-`, { id: 'r4', appPort: 81, direct: { host: '10.0.0.9', port: 81 } }]],
+      [{ kind: 'replica', key: 'research/mistral/r4', op: 'added' }],
+    ],
     ['replica removed', [[`${S0}/replicas/1`, REMOVE]], [{ kind: 'replica', key: 'main/llama/r2', op: 'removed' }]],
-    ['replica changed', [[`${S0}/replicas/0/ssh/port`, 2222], [`${S0}/replicas/0/appPort`, 8001]], [
-      { kind: 'replica', key: 'main/llama/r1', op: 'changed', fields: [
-        { field: 'appPort', old: 8000, new: 8001 },
-        { field: 'ssh.port', old: 22, new: 2222 },
-      ] },
-    ]],
-    ['replica switched from direct to ssh', [[`${S0}/replicas/1`, { id: 'r2', appPort: 8000, ssh: { host: 'h.example.net', user: 'root' } }]], [
-      { kind: 'replica', key: 'main/llama/r2', op: 'changed', fields: [
-        { field: 'direct', old: { host: '10.0.0.5', port: 8000 } },
-        { field: 'ssh', new: { host: 'h.example.net', port: 22, user: 'root' } },
-      ] },
-    ]],
-    ['replica moved between services', [[`${S0}/replicas/1`, REMOVE], [`${S1}/replicas/-`, { id: 'r2', appPort: 8000, direct: { host: '10.0.0.5', port: 8000 } }]], [
-      { kind: 'replica', key: 'main/llama/r2', op: 'removed' },
-      { kind: 'replica', key: 'research/mistral/r2', op: 'added' },
-    ]],
-    ['entrypoint added', [['/spec/entrypoints/-', { project: 'research', domain: 'research.gw.example.com' }]], [
-      { kind: 'entrypoint', key: 'research.gw.example.com', op: 'added' },
-    ]],
+    [
+      'replica changed',
+      [
+        [`${S0}/replicas/0/ssh/port`, 2222],
+        [`${S0}/replicas/0/appPort`, 8001],
+      ],
+      [
+        {
+          kind: 'replica',
+          key: 'main/llama/r1',
+          op: 'changed',
+          fields: [
+            { field: 'appPort', old: 8000, new: 8001 },
+            { field: 'ssh.port', old: 22, new: 2222 },
+          ],
+        },
+      ],
+    ],
+    [
+      'replica switched from direct to ssh',
+      [[`${S0}/replicas/1`, { id: 'r2', appPort: 8000, ssh: { host: 'h.example.net', user: 'root' } }]],
+      [
+        {
+          kind: 'replica',
+          key: 'main/llama/r2',
+          op: 'changed',
+          fields: [
+            { field: 'direct', old: { host: '10.0.0.5', port: 8000 } },
+            { field: 'ssh', new: { host: 'h.example.net', port: 22, user: 'root' } },
+          ],
+        },
+      ],
+    ],
+    [
+      'replica moved between services',
+      [
+        [`${S0}/replicas/1`, REMOVE],
+        [`${S1}/replicas/-`, { id: 'r2', appPort: 8000, direct: { host: '10.0.0.5', port: 8000 } }],
+      ],
+      [
+        { kind: 'replica', key: 'main/llama/r2', op: 'removed' },
+        { kind: 'replica', key: 'research/mistral/r2', op: 'added' },
+      ],
+    ],
+    [
+      'entrypoint added',
+      [['/spec/entrypoints/-', { project: 'research', domain: 'research.gw.example.com' }]],
+      [{ kind: 'entrypoint', key: 'research.gw.example.com', op: 'added' }],
+    ],
     ['entrypoint removed', [['/spec/entrypoints/0', REMOVE]], [{ kind: 'entrypoint', key: 'gateway.gw.example.com', op: 'removed' }]],
-    ['entrypoint changed', [['/spec/entrypoints/0/https', false], ['/spec/entrypoints/0/project', 'research']], [
-      { kind: 'entrypoint', key: 'gateway.gw.example.com', op: 'changed', fields: [
-        { field: 'https', old: true, new: false },
-        { field: 'project', old: 'main', new: 'research' },
-      ] },
-    ]],
+    [
+      'entrypoint changed',
+      [
+        ['/spec/entrypoints/0/https', false],
+        ['/spec/entrypoints/0/project', 'research'],
+      ],
+      [
+        {
+          kind: 'entrypoint',
+          key: 'gateway.gw.example.com',
+          op: 'changed',
+          fields: [
+            { field: 'https', old: true, new: false },
+            { field: 'project', old: 'main', new: 'research' },
+          ],
+        },
+      ],
+    ],
   ])('%s', (_name, edits, changes) => {
     const diff = diffSpecs(before, after(...edits));
     expect(diff.changes).toEqual(changes);
@@ -106,7 +198,10 @@ describe('diffSpecs', () => {
   });
 
   it('acme: a changed EAB key shows only as <redacted> with secret: true', () => {
-    const eab = (key: string): Edit => ['/spec/acme', { server: 'https://acme.example.com/dir', email: 'ops@example.com', eabKid: 'kid-1', eabHmacKey: key }];
+    const eab = (key: string): Edit => [
+      '/spec/acme',
+      { server: 'https://acme.example.com/dir', email: 'ops@example.com', eabKid: 'kid-1', eabHmacKey: key },
+    ];
     const diff = diffSpecs(after(eab(EAB_HMAC)), after(eab(`${EAB_HMAC}Zm9v`)));
     expect(diff.changes).toEqual([
       { kind: 'acme', key: 'acme', op: 'changed', fields: [{ field: 'eabHmacKey', old: REDACTED, new: REDACTED, secret: true }] },
@@ -117,13 +212,21 @@ describe('diffSpecs', () => {
     const jump = (privateKey: string): Edit => [`${S0}/replicas/0/sshProxy`, { host: 'jump.example.net', user: 'root', privateKey }];
     const changedKey = diffSpecs(after(jump(JUMP_KEY)), after(jump(MAIN_KEY)));
     expect(changedKey.changes).toEqual([
-      { kind: 'replica', key: 'main/llama/r1', op: 'changed', fields: [{ field: 'sshProxy.privateKey', old: REDACTED, new: REDACTED, secret: true }] },
+      {
+        kind: 'replica',
+        key: 'main/llama/r1',
+        op: 'changed',
+        fields: [{ field: 'sshProxy.privateKey', old: REDACTED, new: REDACTED, secret: true }],
+      },
     ]);
     const added = diffSpecs(before, after(jump(JUMP_KEY)));
     expect(added.changes).toEqual([
-      { kind: 'replica', key: 'main/llama/r1', op: 'changed', fields: [
-        { field: 'sshProxy', new: { host: 'jump.example.net', port: 22, user: 'root', privateKey: REDACTED } },
-      ] },
+      {
+        kind: 'replica',
+        key: 'main/llama/r1',
+        op: 'changed',
+        fields: [{ field: 'sshProxy', new: { host: 'jump.example.net', port: 22, user: 'root', privateKey: REDACTED } }],
+      },
     ]);
   });
 });

@@ -19,7 +19,12 @@ describe('examples', () => {
     const replicas = state.spec.services.flatMap((s) => s.replicas);
     expect(replicas.some((r) => r.sshProxy && r.sshHeadProxy)).toBe(true);
     expect(replicas.some((r) => r.direct)).toBe(true);
-    expect(state.spec.services.map((s) => s.model?.format).filter(Boolean).sort()).toEqual(['openai', 'tgi']);
+    expect(
+      state.spec.services
+        .map((s) => s.model?.format)
+        .filter(Boolean)
+        .sort(),
+    ).toEqual(['openai', 'tgi']);
     expect(state.spec.entrypoints).toHaveLength(1);
   });
 });

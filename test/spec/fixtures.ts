@@ -33,7 +33,12 @@ export function baseDocument(): ProxyStateInput {
           project: 'research',
           run: 'mistral',
           domain: 'mistral.gw.example.com',
-          model: { name: 'mistralai/Mistral-7B', format: 'tgi', chatTemplate: '{% for m in messages %}{{ m.content }}{% endfor %}', eosToken: '</s>' },
+          model: {
+            name: 'mistralai/Mistral-7B',
+            format: 'tgi',
+            chatTemplate: '{% for m in messages %}{{ m.content }}{% endfor %}',
+            eosToken: '</s>',
+          },
           replicas: [{ id: 'r3', appPort: 80, direct: { host: '10.0.0.6', port: 80 } }],
         },
       ],
@@ -54,7 +59,10 @@ export function edited(doc: unknown, ...edits: Edit[]): unknown {
 }
 
 export function setAt(root: unknown, pointer: string, value: unknown): void {
-  const parts = pointer.split('/').slice(1).map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
+  const parts = pointer
+    .split('/')
+    .slice(1)
+    .map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
   const last = parts.pop();
   if (last === undefined) throw new Error('cannot replace the root');
   let node = root;
@@ -103,7 +111,11 @@ export function shuffled<T>(rng: Rng, items: readonly T[]): T[] {
 
 /** A deep copy with object keys and list items in a random order at every level. */
 export function shuffleDeep(rng: Rng, v: unknown): unknown {
-  if (Array.isArray(v)) return shuffled(rng, v.map((x) => shuffleDeep(rng, x)));
+  if (Array.isArray(v))
+    return shuffled(
+      rng,
+      v.map((x) => shuffleDeep(rng, x)),
+    );
   if (v === null || typeof v !== 'object') return v;
   const out: Record<string, unknown> = {};
   for (const k of shuffled(rng, Object.keys(v))) out[k] = shuffleDeep(rng, (v as Record<string, unknown>)[k]);

@@ -51,7 +51,9 @@ export function randomDocument(rng: Rng): ProxyStateInput {
           };
     }
     if (chance(rng, 0.8)) {
-      s.replicas = Array.from({ length: int(rng, 0, 3) }, () => randomReplica(rng, `r${replicaSeq++}`, project.sshPrivateKey !== undefined));
+      s.replicas = Array.from({ length: int(rng, 0, 3) }, () =>
+        randomReplica(rng, `r${replicaSeq++}`, project.sshPrivateKey !== undefined),
+      );
     }
     services.push(s);
   }
@@ -79,8 +81,10 @@ function randomReplica(rng: Rng, id: string, canSsh: boolean): ReplicaInput {
     ...(chance(rng, 0.3) ? { hostKeyFingerprint: FINGERPRINT } : {}),
   });
   r.ssh = hop(`host-${id}.example.net`);
-  if (chance(rng, 0.4)) r.sshProxy = { ...hop('jump.example.net'), ...(chance(rng) ? { privateKey: pick(rng, [TEST_KEY_C, TEST_KEY_D]) } : {}) };
-  if (chance(rng, 0.2)) r.sshHeadProxy = { ...hop('bastion.example.net'), ...(chance(rng) ? { privateKey: pick(rng, [TEST_KEY_C, TEST_KEY_D]) } : {}) };
+  if (chance(rng, 0.4))
+    r.sshProxy = { ...hop('jump.example.net'), ...(chance(rng) ? { privateKey: pick(rng, [TEST_KEY_C, TEST_KEY_D]) } : {}) };
+  if (chance(rng, 0.2))
+    r.sshHeadProxy = { ...hop('bastion.example.net'), ...(chance(rng) ? { privateKey: pick(rng, [TEST_KEY_C, TEST_KEY_D]) } : {}) };
   return r;
 }
 

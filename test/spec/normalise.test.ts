@@ -172,4 +172,3 @@ function withoutDefaults(doc: ProxyStateInput | ProxyState, drop: () => boolean)
   };
   return walk(doc, '');
 }
-

@@ -47,7 +47,12 @@ describe('parseDocument', () => {
 
   it.each<[string, string, string, RegExp]>([
     ['a duplicate top-level key', '{"project":"a","auth":true,"auth":false}', '/auth', /the key "auth" appears twice/],
-    ['a duplicate key in an array element', '{"spec":{"services":[{"run":"a"},{"run":"b","auth":true,"auth":false}]}}', '/spec/services/1/auth', /appears twice/],
+    [
+      'a duplicate key in an array element',
+      '{"spec":{"services":[{"run":"a"},{"run":"b","auth":true,"auth":false}]}}',
+      '/spec/services/1/auth',
+      /appears twice/,
+    ],
     ['a duplicate spelt with an escape', '{"spec":{"kind":1,"\\u006bind":2}}', '/spec/kind', /appears twice/],
     ['a duplicate after a string holding quotes and braces', '{"a":"\\"},{\\\\","b":1,"b":2}', '/b', /line 1, column 22/],
   ])('rejects JSON with %s as malformed, with the path of the second key', (_name, text, path, message) => {
@@ -57,7 +62,11 @@ describe('parseDocument', () => {
   });
 
   it('accepts the same key in different objects', () => {
-    expect(parseDocument('{"a":{"a":1},"b":[{"a":1},{"a":2}],"c":"\\"a\\":"}', 'json')).toEqual({ a: { a: 1 }, b: [{ a: 1 }, { a: 2 }], c: '"a":' });
+    expect(parseDocument('{"a":{"a":1},"b":[{"a":1},{"a":2}],"c":"\\"a\\":"}', 'json')).toEqual({
+      a: { a: 1 },
+      b: [{ a: 1 }, { a: 2 }],
+      c: '"a":',
+    });
   });
 
   it('reports malformed JSON by line and column, without quoting the text', () => {

@@ -25,15 +25,33 @@ import { expectValid } from './expect.js';
 
 const fingerprint = `SHA256:${'B'.repeat(43)}`;
 const hop: Required<SshHop> = { host: '203.0.113.7', port: 22, user: 'ubuntu', hostKeyFingerprint: fingerprint };
-const proxyHop: Required<SshProxyHop> = { host: '198.51.100.2', port: 2222, user: 'root', hostKeyFingerprint: fingerprint, privateKey: TEST_KEY_C };
-const headHop: Required<SshProxyHop> = { host: '192.0.2.9', port: 2200, user: 'debian', hostKeyFingerprint: fingerprint, privateKey: TEST_KEY_D };
+const proxyHop: Required<SshProxyHop> = {
+  host: '198.51.100.2',
+  port: 2222,
+  user: 'root',
+  hostKeyFingerprint: fingerprint,
+  privateKey: TEST_KEY_C,
+};
+const headHop: Required<SshProxyHop> = {
+  host: '192.0.2.9',
+  port: 2200,
+  user: 'debian',
+  hostKeyFingerprint: fingerprint,
+  privateKey: TEST_KEY_D,
+};
 const direct: Required<DirectTarget> = { host: '10.0.0.5', port: 8000 };
 const sshReplica: Required<Omit<Replica, 'direct'>> = { id: 'r1', appPort: 8000, ssh: hop, sshProxy: proxyHop, sshHeadProxy: headHop };
 const directReplica: Required<Pick<Replica, 'id' | 'appPort' | 'direct'>> = { id: 'r2', appPort: 8000, direct };
 const ipLimit: Required<RateLimit> = { prefix: '/', key: { type: 'ipAddress' }, rps: 10, burst: 20 };
 const headerLimit: Required<RateLimit> = { prefix: '/v1', key: { type: 'header', header: 'x-api-key' }, rps: 2.5, burst: 0 };
 const openai: Required<OpenAIModel> = { name: 'meta-llama/Llama-3.1-8B-Instruct', format: 'openai', prefix: '/v1' };
-const tgi: Required<TGIModel> = { name: 'mistralai/Mistral-7B', format: 'tgi', chatTemplate: '{{ messages }}', eosToken: '</s>', bosToken: '<s>' };
+const tgi: Required<TGIModel> = {
+  name: 'mistralai/Mistral-7B',
+  format: 'tgi',
+  chatTemplate: '{{ messages }}',
+  eosToken: '</s>',
+  bosToken: '<s>',
+};
 const service = (run: string, model: NonNullable<Service['model']>, replicas: Replica[]): Required<Service> => ({
   project: 'main',
   run,
@@ -100,7 +118,11 @@ describe('types.ts and schema.ts', () => {
 
   it('the schema walk sees the deep properties (sanity check of the walk)', () => {
     expect(schemaPaths(proxyStateSchema)).toEqual(
-      expect.arrayContaining(['spec.services[].replicas[].sshHeadProxy.privateKey', 'spec.services[].rateLimits[].key.header', 'metadata.hash']),
+      expect.arrayContaining([
+        'spec.services[].replicas[].sshHeadProxy.privateKey',
+        'spec.services[].rateLimits[].key.header',
+        'metadata.hash',
+      ]),
     );
   });
 });

@@ -97,7 +97,11 @@ describe('file state store', () => {
   it.each([
     ['not JSON', '{"apiVersion": "proxy.dstack.ai/v1alpha1", "kind":', /not JSON/],
     ['an array', '[]', /not a JSON object/],
-    ['a repeated key', '{"apiVersion": "proxy.dstack.ai/v1alpha1", "kind": "ProxyState", "kind": "ProxyState", "spec": {}}', /\/kind: not JSON: the key "kind" appears twice/],
+    [
+      'a repeated key',
+      '{"apiVersion": "proxy.dstack.ai/v1alpha1", "kind": "ProxyState", "kind": "ProxyState", "spec": {}}',
+      /\/kind: not JSON: the key "kind" appears twice/,
+    ],
     ['no generation', JSON.stringify({ ...docA }), /metadata.generation/],
     ['an invalid document', JSON.stringify({ ...docA, kind: 'Nope', metadata: { generation: 1, hash: 'x' } }), /\/kind/],
   ])('names the file when it is corrupt: %s', async (_what, text, why) => {

@@ -34,11 +34,24 @@ describe('SQLite state store', () => {
       } catch {
         // ENOSPC: full
       }
-      const big = { ...docA, spec: { ...docA.spec, services: docA.spec.services.map((s) => ({ ...s, run: `${s.run}-${'x'.repeat(40)}` })) } };
-      const many = { ...big, spec: { ...big.spec, services: Array.from({ length: 400 }, (_, i) => ({ ...big.spec.services[0]!, run: `run-${i}`, replicas: [] })) } };
+      const big = {
+        ...docA,
+        spec: { ...docA.spec, services: docA.spec.services.map((s) => ({ ...s, run: `${s.run}-${'x'.repeat(40)}` })) },
+      };
+      const many = {
+        ...big,
+        spec: {
+          ...big.spec,
+          services: Array.from({ length: 400 }, (_, i) => ({ ...big.spec.services[0]!, run: `run-${i}`, replicas: [] })),
+        },
+      };
       const err = (await store.write(many).catch((e: unknown) => e)) as ProxyError;
       expect(err).toBeInstanceOf(ProxyError);
-      expect(err).toMatchObject({ code: 'DP_ERR_STATE_WRITE', status: 503, details: { file: db, errno: expect.stringMatching(/^SQLITE_FULL/) } });
+      expect(err).toMatchObject({
+        code: 'DP_ERR_STATE_WRITE',
+        status: 503,
+        details: { file: db, errno: expect.stringMatching(/^SQLITE_FULL/) },
+      });
       expect(err.message).toContain(db);
       expect((await store.read()).generation).toBe(1);
       await store.close();

@@ -23,7 +23,16 @@ let state: ProxyState;
 let sent = 0;
 
 function service(over: Partial<Service> & { run: string }): Service {
-  return { project: 'main', https: false, auth: false, clientMaxBodySize: 1 << 20, stripPrefix: true, rateLimits: [], replicas: [], ...over };
+  return {
+    project: 'main',
+    https: false,
+    auth: false,
+    clientMaxBodySize: 1 << 20,
+    stripPrefix: true,
+    rateLimits: [],
+    replicas: [],
+    ...over,
+  };
 }
 
 async function send(host: string, n: number, path = '/', headers: Record<string, string> = {}): Promise<number[]> {
@@ -64,7 +73,12 @@ beforeAll(async () => {
       acme: { server: 'https://acme.test/dir' },
       projects: [{ name: 'main' }],
       services: [
-        service({ run: 'busy', domain: 'busy.gw.test', replicas, rateLimits: [{ prefix: '/limited', key: { type: 'ipAddress' }, rps: 1 / 60, burst: 0 }] }),
+        service({
+          run: 'busy',
+          domain: 'busy.gw.test',
+          replicas,
+          rateLimits: [{ prefix: '/limited', key: { type: 'ipAddress' }, rps: 1 / 60, burst: 0 }],
+        }),
         service({ run: 'idle', domain: 'idle.gw.test', replicas }),
         service({ run: 'locked', domain: 'locked.gw.test', replicas, auth: true }),
       ],
@@ -96,7 +110,11 @@ describe('stats through a real Nginx', () => {
     const t = m.get('busy')!['30'].request_time;
     expect(t).toBeGreaterThanOrEqual(0);
     expect(t).toBeLessThan(1);
-    expect(m.get('idle')).toEqual({ '30': { requests: 0, request_time: 0 }, '60': { requests: 0, request_time: 0 }, '300': { requests: 0, request_time: 0 } });
+    expect(m.get('idle')).toEqual({
+      '30': { requests: 0, request_time: 0 },
+      '60': { requests: 0, request_time: 0 },
+      '300': { requests: 0, request_time: 0 },
+    });
   });
 
   it("401s from auth and 429s from rate limits don't count", async () => {
@@ -119,7 +137,12 @@ describe('stats through a real Nginx', () => {
     await rename(ng.accessLogPath, `${ng.accessLogPath}.1`);
     await send('busy.gw.test', 10); // still written to the renamed file
     process.kill(ng.proc.pid!, 'SIGUSR1'); // nginx -s reopen
-    await eventually(() => stat(ng.accessLogPath).then(() => true, () => undefined));
+    await eventually(() =>
+      stat(ng.accessLogPath).then(
+        () => true,
+        () => undefined,
+      ),
+    );
     await send('busy.gw.test', 10);
     const m = await settled();
     expect(requests(m, 'busy') - requests(before, 'busy')).toBe(30);

@@ -41,7 +41,14 @@ describe('parseIsoSeconds', () => {
 describe('parseLines', () => {
   it('counts replica hits per host with request time in ms, skips 0 and -', () => {
     const { table, c, rest, b } = parse(
-      [`${T0} a.test 200 0.153 1`, `${T0} a.test 200 1.5 1`, `${T0} a.test 401 0.001 0`, `${T0} b.test 301 0.000 -`, `${T0} b.test 502 12 1`, ''].join('\n'),
+      [
+        `${T0} a.test 200 0.153 1`,
+        `${T0} a.test 200 1.5 1`,
+        `${T0} a.test 401 0.001 0`,
+        `${T0} b.test 301 0.000 -`,
+        `${T0} b.test 502 12 1`,
+        '',
+      ].join('\n'),
     );
     expect(rest).toBe(b.length);
     expect(c).toEqual({ lines: 5, malformed: 0, hits: 3 });
@@ -136,7 +143,10 @@ describe('frames', () => {
     ];
     const keyOf = (s: (typeof services)[number]) => s.domain || undefined;
     const now = t.serviceStats(services, keyOf, T);
-    expect(now.map((e) => [e.project_name, e.run_name])).toEqual([['p', 'a'], ['p', 'b']]);
+    expect(now.map((e) => [e.project_name, e.run_name])).toEqual([
+      ['p', 'a'],
+      ['p', 'b'],
+    ]);
     expect(now[0]!.stats['30']).toEqual({ requests: 1, request_time: 0.2 });
     expect(now[1]!.stats['300']).toEqual({ requests: 0, request_time: 0 });
     expect(t.size).toBe(2); // gone.test still has frames inside the windows

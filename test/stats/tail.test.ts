@@ -20,9 +20,38 @@ const state: ProxyState = {
     acme: { server: 'https://acme.test/dir' },
     projects: [{ name: 'main' }],
     services: [
-      { project: 'main', run: 'a', domain: 'a.test', https: false, auth: false, clientMaxBodySize: 1, stripPrefix: true, rateLimits: [], replicas: [] },
-      { project: 'main', run: 'idle', domain: 'idle.test', https: false, auth: false, clientMaxBodySize: 1, stripPrefix: true, rateLimits: [], replicas: [] },
-      { project: 'main', run: 'internal', https: false, auth: false, clientMaxBodySize: 1, stripPrefix: true, rateLimits: [], replicas: [] },
+      {
+        project: 'main',
+        run: 'a',
+        domain: 'a.test',
+        https: false,
+        auth: false,
+        clientMaxBodySize: 1,
+        stripPrefix: true,
+        rateLimits: [],
+        replicas: [],
+      },
+      {
+        project: 'main',
+        run: 'idle',
+        domain: 'idle.test',
+        https: false,
+        auth: false,
+        clientMaxBodySize: 1,
+        stripPrefix: true,
+        rateLimits: [],
+        replicas: [],
+      },
+      {
+        project: 'main',
+        run: 'internal',
+        https: false,
+        auth: false,
+        clientMaxBodySize: 1,
+        stripPrefix: true,
+        rateLimits: [],
+        replicas: [],
+      },
     ],
     entrypoints: [],
   },
@@ -55,8 +84,20 @@ describe('stats collector on a file', () => {
     await sc.poll();
     await appendFile(log, lines(3) + line('a.test', NOW - 45_000, 1, '0.500') + line('a.test', NOW, 0));
     expect(await sc.collect(state)).toEqual([
-      { project_name: 'main', run_name: 'a', stats: { '30': { requests: 3, request_time: 0.1 }, '60': { requests: 4, request_time: 0.2 }, '300': { requests: 4, request_time: 0.2 } } },
-      { project_name: 'main', run_name: 'idle', stats: { '30': { requests: 0, request_time: 0 }, '60': { requests: 0, request_time: 0 }, '300': { requests: 0, request_time: 0 } } },
+      {
+        project_name: 'main',
+        run_name: 'a',
+        stats: {
+          '30': { requests: 3, request_time: 0.1 },
+          '60': { requests: 4, request_time: 0.2 },
+          '300': { requests: 4, request_time: 0.2 },
+        },
+      },
+      {
+        project_name: 'main',
+        run_name: 'idle',
+        stats: { '30': { requests: 0, request_time: 0 }, '60': { requests: 0, request_time: 0 }, '300': { requests: 0, request_time: 0 } },
+      },
     ]);
     clock.advance(31_000);
     expect(await requests30()).toBe(0);

@@ -74,7 +74,9 @@ export async function readOwned(dir: string, cache?: TextCache): Promise<OwnedFi
   const owned = new Map<string, string>();
   const foreign = new Set<string>();
   const names = await listConf(dir);
-  const texts = await mapLimit(names, READ_CONCURRENCY, (name) => (cache ? readCached(cache, join(dir, name)) : readFile(join(dir, name), 'utf8')));
+  const texts = await mapLimit(names, READ_CONCURRENCY, (name) =>
+    cache ? readCached(cache, join(dir, name)) : readFile(join(dir, name), 'utf8'),
+  );
   if (cache) {
     const listed = new Set(names.map((name) => join(dir, name)));
     for (const path of cache.keys()) if (path.startsWith(`${dir}/`) && !listed.has(path)) cache.delete(path);
@@ -316,7 +318,12 @@ interface Candidate {
  * conf including it; `fn` tries subsets of the changes on it and swaps the good ones in. Both
  * are removed afterwards.
  */
-async function withCandidate<T>(opts: ApplyFilesOptions, changes: Change[], deletes: Deletion[], fn: (cand: Candidate) => Promise<T>): Promise<T> {
+async function withCandidate<T>(
+  opts: ApplyFilesOptions,
+  changes: Change[],
+  deletes: Deletion[],
+  fn: (cand: Candidate) => Promise<T>,
+): Promise<T> {
   const { sitesDir, mainConfPath } = opts;
   const mainText = await readFile(mainConfPath, 'utf8');
   if (!mainText.includes(sitesDir)) {
@@ -364,7 +371,10 @@ async function withCandidate<T>(opts: ApplyFilesOptions, changes: Change[], dele
         // real one is the same atomic swap as writeAtomic, without writing the text again.
         // A change whose candidate holds other text (bisection ended elsewhere) is written.
         if (state.get(c.name) === c.text) {
-          const moved = await rename(join(candDir, c.name), to).then(() => true, () => false);
+          const moved = await rename(join(candDir, c.name), to).then(
+            () => true,
+            () => false,
+          );
           if (moved) return;
         }
         await writeAtomic(to, c.text, false);

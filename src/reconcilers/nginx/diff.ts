@@ -53,7 +53,7 @@ function editScript(a: string[], b: string[]): Op[] {
       }
     }
     // Conventional order inside a change: deletions before additions.
-    for (let k = head; k < ops.length; ) {
+    for (let k = head; k < ops.length;) {
       if (ops[k]!.t === ' ') {
         k++;
         continue;

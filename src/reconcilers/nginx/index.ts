@@ -8,13 +8,5 @@ export type { CertPaths, GlobalView, SiteView, ServiceSiteView, EntrypointSiteVi
 export { MARKER, fileNameFor, renderAll, renderGlobal, renderSite } from './render.js';
 export { applyFiles, CONFLICT_MESSAGE, diffFiles, readOwned, unifiedDiff, writeAtomic } from './apply.js';
 export type { ApplyFilesOptions, ApplyFilesResult, FileChange, OwnedFiles, TextCache } from './apply.js';
-export {
-  mainConfText,
-  NginxProcess,
-  parseTestOutput,
-  splitCommand,
-  systemNginx,
-  testConfig,
-  writeMainConf,
-} from './nginx-process.js';
+export { mainConfText, NginxProcess, parseTestOutput, splitCommand, systemNginx, testConfig, writeMainConf } from './nginx-process.js';
 export type { MainConfOptions, NginxEvent, NginxPaths, NginxProcessOptions, TestResult } from './nginx-process.js';

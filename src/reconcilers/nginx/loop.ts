@@ -123,7 +123,13 @@ export function nginxMetricFamilies(stats: () => NginxLoopStats, supervisor?: ()
       labelNames: [],
       read: () => one((stats().lastReloadAt ?? 0) / 1000),
     },
-    { name: 'nginx_files_written_total', help: 'Nginx config files written.', type: 'counter', labelNames: [], read: () => one(stats().filesWritten) },
+    {
+      name: 'nginx_files_written_total',
+      help: 'Nginx config files written.',
+      type: 'counter',
+      labelNames: [],
+      read: () => one(stats().filesWritten),
+    },
     {
       name: 'nginx_reloads_deferred_total',
       help: 'Change batches that waited for the minimum interval between reloads, to go in with the changes made meanwhile.',
@@ -158,7 +164,9 @@ export function nginxMetricFamilies(stats: () => NginxLoopStats, supervisor?: ()
   ];
 }
 
-export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, OwnedFiles, FilePayload> & { stats: NginxLoopStats; metrics(): MetricFamily[] } {
+export function createNginxLoop(
+  o: NginxLoopOptions,
+): Loop<Map<string, string>, OwnedFiles, FilePayload> & { stats: NginxLoopStats; metrics(): MetricFamily[] } {
   const stats: NginxLoopStats = {
     configHash: null,
     reloads: 0,
@@ -230,7 +238,12 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
     plan(desired: Map<string, string>, observed: OwnedFiles): Action<FilePayload>[] {
       return diffFiles(desired, observed).map((change) =>
         change.kind === 'conflict'
-          ? { key: change.name, kind: 'conflict', summary: `skip ${change.name}: a file not written by dstack-proxy is in the way`, payload: change }
+          ? {
+              key: change.name,
+              kind: 'conflict',
+              summary: `skip ${change.name}: a file not written by dstack-proxy is in the way`,
+              payload: change,
+            }
           : withLazyDiff({ key: change.name, kind: change.kind, summary: `${change.kind} ${change.name}`, payload: change }),
       );
     },
@@ -309,7 +322,12 @@ export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, 
         if (result.unconfirmed) {
           // Come back to confirm: observe() flips it to Applied once the old workers are gone.
           outcomes.set(name, { requeueAfterMs: UNCONFIRMED_RECHECK_MS });
-          markApplied(ctx.status, key, { type: 'Ready', status: 'Unknown', reason: 'ReloadUnconfirmed', message: result.unconfirmed.unconfirmed });
+          markApplied(ctx.status, key, {
+            type: 'Ready',
+            status: 'Unknown',
+            reason: 'ReloadUnconfirmed',
+            message: result.unconfirmed.unconfirmed,
+          });
         } else {
           outcomes.set(name, 'done');
           markApplied(ctx.status, key, served());
@@ -345,9 +363,19 @@ function reportProcess(ctx: LoopContext, p: NginxProcessInfo): boolean {
     const message = `restarted (pid ${p.pid}) after it exited with ${how} at ${when}; ${p.restarts} restart(s) so far${stale}`;
     ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'True', reason: 'Restarted', message });
   } else if (p.restartError) {
-    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'False', reason: 'RestartFailed', message: `exited with ${how} at ${when}; restart failed: ${p.restartError}` });
+    ctx.status.set(PROCESS_KEY, {
+      type: 'Ready',
+      status: 'False',
+      reason: 'RestartFailed',
+      message: `exited with ${how} at ${when}; restart failed: ${p.restartError}`,
+    });
   } else {
-    ctx.status.set(PROCESS_KEY, { type: 'Ready', status: 'False', reason: 'Restarting', message: `exited with ${how} at ${when}; restarting` });
+    ctx.status.set(PROCESS_KEY, {
+      type: 'Ready',
+      status: 'False',
+      reason: 'Restarting',
+      message: `exited with ${how} at ${when}; restarting`,
+    });
   }
   return true;
 }

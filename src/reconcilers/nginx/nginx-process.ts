@@ -113,8 +113,14 @@ export type TestResult = { ok: true } | { ok: false; message: string; file?: str
 
 /** Parse nginx -t output: the first [emerg]/[alert]/[crit] line, with its file and line. */
 export function parseTestOutput(output: string): { message: string; file?: string; line?: number } {
-  const lines = output.split('\n').map((s) => s.trim()).filter(Boolean);
-  const bad = lines.find((s) => /\[(emerg|alert|crit)\]/.test(s)) ?? lines.find((s) => !/test (failed|is successful)|syntax is ok/.test(s)) ?? 'nginx -t failed';
+  const lines = output
+    .split('\n')
+    .map((s) => s.trim())
+    .filter(Boolean);
+  const bad =
+    lines.find((s) => /\[(emerg|alert|crit)\]/.test(s)) ??
+    lines.find((s) => !/test (failed|is successful)|syntax is ok/.test(s)) ??
+    'nginx -t failed';
   const message = bad.replace(/^nginx: /, '').replace(/^\S+ \S+ \[(emerg|alert|crit)\] \d+#\d+: /, '[$1] ');
   const m = / in (\/\S+):(\d+)$/.exec(message);
   return m && m[1] && m[2] ? { message, file: m[1], line: Number(m[2]) } : { message };
@@ -125,11 +131,7 @@ export type Exec = (file: string, args: readonly string[]) => Promise<{ exitCode
 const defaultExec: Exec = (file, args) => execa(file, args, { reject: false, timeout: 60_000 });
 
 /** `nginx -t -q -p <prefix> -c <conf>` → ok, or the first error with its file and line. */
-export async function testConfig(
-  confPath: string,
-  prefix: string,
-  opts: { nginxBin?: string; exec?: Exec } = {},
-): Promise<TestResult> {
+export async function testConfig(confPath: string, prefix: string, opts: { nginxBin?: string; exec?: Exec } = {}): Promise<TestResult> {
   const exec = opts.exec ?? defaultExec;
   const r = await exec(opts.nginxBin ?? DEFAULT_NGINX_BIN, ['-t', '-q', '-p', prefix, '-c', confPath]);
   if (r.exitCode === 0) return { ok: true };
@@ -455,7 +457,10 @@ export async function pidFileOf(mainConfPath: string): Promise<string> {
 }
 
 async function sizeOf(path: string): Promise<number> {
-  return stat(path).then((s) => s.size, () => 0);
+  return stat(path).then(
+    (s) => s.size,
+    () => 0,
+  );
 }
 
 /**

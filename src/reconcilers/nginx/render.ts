@@ -50,7 +50,7 @@ export function renderGlobal(v: GlobalView): string {
   l.push('# (HTTPS redirect, 401/403 from auth, 429 from limit_req). Defined here so every server has it.');
   l.push(...block('map $host $dstack_replica_hit', ['default 0;']), '');
   l.push('# Upstream keepalive needs Connection "" on plain requests; WebSocket upgrades pass "upgrade".');
-  l.push(...block('map $http_upgrade $dstack_connection_upgrade', ["default upgrade;", "'' '';"]), '');
+  l.push(...block('map $http_upgrade $dstack_connection_upgrade', ['default upgrade;', "'' '';"]), '');
   if (v.serverNamesHash) {
     l.push('server_names_hash_bucket_size 128;', 'server_names_hash_max_size 65536;', '');
   }
@@ -67,7 +67,7 @@ export function renderGlobal(v: GlobalView): string {
       ]),
       '',
     );
-    l.push('# Unknown TLS server names: refuse the handshake rather than show another site\'s certificate.');
+    l.push("# Unknown TLS server names: refuse the handshake rather than show another site's certificate.");
     l.push(
       ...block('server', [
         `listen ${v.listenHttps} ssl http2 default_server;`,
@@ -183,7 +183,11 @@ function renderServiceSite(v: ServiceSiteView): string {
     );
   }
 
-  body.push(...locations(v, { auth: v.authUrl !== null }), '', ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: false })));
+  body.push(
+    ...locations(v, { auth: v.authUrl !== null }),
+    '',
+    ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: false })),
+  );
   l.push(...block('server', body));
   if (v.listenInternal) l.push('', ...internalServer(v, v.listenInternal));
   return text(l);
@@ -235,11 +239,7 @@ function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
   rb.push('proxy_set_header Upgrade $http_upgrade;', 'proxy_set_header Connection $dstack_connection_upgrade;');
   // The gateway's token is not the replica's business; the model API never passes one on.
   if (v.authUrl || o.internal) rb.push('proxy_set_header Authorization "";');
-  rb.push(
-    `proxy_read_timeout ${v.proxyReadTimeoutSec}s;`,
-    `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`,
-    'proxy_buffering off;',
-  );
+  rb.push(`proxy_read_timeout ${v.proxyReadTimeoutSec}s;`, `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`, 'proxy_buffering off;');
   if (!o.internal) rb.push(...hideUpstreamCors(v));
   return rb;
 }
@@ -266,7 +266,7 @@ function internalServer(v: ServiceSiteView, listen: string): Lines {
     '',
     ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: true })),
   ];
-  return ['# the same service for the gateway\'s own model API (internal listener)', ...block('server', body)];
+  return ["# the same service for the gateway's own model API (internal listener)", ...block('server', body)];
 }
 
 function renderEntrypointSite(v: EntrypointSiteView): string {

@@ -5,15 +5,7 @@
 import { ProxyError } from '../../errors.js';
 import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
 import { serviceKey } from '../../spec/types.js';
-import {
-  fileNameFor,
-  limitKeyVariable,
-  listenAddress,
-  rateFor,
-  serverAddress,
-  upstreamName,
-  zoneName,
-} from './names.js';
+import { fileNameFor, limitKeyVariable, listenAddress, rateFor, serverAddress, upstreamName, zoneName } from './names.js';
 
 export interface CertPaths {
   certPath: string;
@@ -146,12 +138,19 @@ export function directUpstream(service: Service): UpstreamTarget {
 /** `listen` argument of the internal listener; the path must fit a sockaddr_un (107 bytes). */
 export function internalListen(path: string): string {
   if (!path.startsWith('/')) throw new ProxyError('DP_ERR_BAD_OPTION', `the internal socket path must be absolute, got ${path}`);
-  if (Buffer.byteLength(path) > 107) throw new ProxyError('DP_ERR_BAD_OPTION', `the internal socket path is longer than 107 bytes (a Unix socket limit): ${path}; use a shorter --state-dir`);
+  if (Buffer.byteLength(path) > 107)
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      `the internal socket path is longer than 107 bytes (a Unix socket limit): ${path}; use a shorter --state-dir`,
+    );
   return `unix:${path}`;
 }
 
 function checkOptions(opts: ViewOptions): void {
-  for (const [name, port] of [['httpPort', opts.httpPort], ['httpsPort', opts.httpsPort]] as const) {
+  for (const [name, port] of [
+    ['httpPort', opts.httpPort],
+    ['httpsPort', opts.httpsPort],
+  ] as const) {
     if (!Number.isInteger(port) || port < 1 || port > 65535) {
       throw new ProxyError('DP_ERR_BAD_OPTION', `${name} must be a port number, got ${String(port)}`);
     }

@@ -132,7 +132,8 @@ export class Balancer {
     try {
       const mode = this.#o.socketMode ?? (this.#o.socketGid !== undefined ? 0o660 : 0o600);
       await chmod(path, mode);
-      if (this.#o.socketUid !== undefined || this.#o.socketGid !== undefined) await chown(path, this.#o.socketUid ?? -1, this.#o.socketGid ?? -1);
+      if (this.#o.socketUid !== undefined || this.#o.socketGid !== undefined)
+        await chown(path, this.#o.socketUid ?? -1, this.#o.socketGid ?? -1);
     } catch (err) {
       await new Promise<void>((resolve) => server.close(() => resolve()));
       throw err;
@@ -198,12 +199,17 @@ export class Balancer {
       // Opens in flight count as connections, so a burst spreads instead of piling on one replica.
       this.#opening.set(pick.upstream, (this.#opening.get(pick.upstream) ?? 0) + 1);
       try {
-        const stream = await pick.upstream.open().finally(() => this.#opening.set(pick.upstream, (this.#opening.get(pick.upstream) ?? 1) - 1));
+        const stream = await pick.upstream
+          .open()
+          .finally(() => this.#opening.set(pick.upstream, (this.#opening.get(pick.upstream) ?? 1) - 1));
         this.#track(pick.upstream, stream);
         return stream;
       } catch (err) {
         this.stats.openFailures++;
-        this.#o.logger?.warn({ service: serviceKey, replica: pick.id, err: err instanceof Error ? err.message : String(err) }, 'opening an upstream failed; trying another replica');
+        this.#o.logger?.warn(
+          { service: serviceKey, replica: pick.id, err: err instanceof Error ? err.message : String(err) },
+          'opening an upstream failed; trying another replica',
+        );
       }
     }
   }

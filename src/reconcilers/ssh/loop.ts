@@ -19,7 +19,17 @@ import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../../clock.js';
-import { defineLoop, type Action, type BatchOutcome, type Loop, type LoopContext, type LoopHandle, type MetricFamily, type StatusSnapshot, type StatusWriter } from '../types.js';
+import {
+  defineLoop,
+  type Action,
+  type BatchOutcome,
+  type Loop,
+  type LoopContext,
+  type LoopHandle,
+  type MetricFamily,
+  type StatusSnapshot,
+  type StatusWriter,
+} from '../types.js';
 import { Balancer, type Upstream } from './balancer.js';
 import { HostKeyBook } from './host-keys.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
@@ -135,10 +145,20 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     let h: Held;
     if (d.problem !== null) {
       const state: TunnelState = { ready: false, reason: 'InvalidConfig', message: d.problem };
-      h = { desired: d, tunnel: null, state: () => state, upstream: { isReady: () => false, open: () => Promise.reject(new Error(d.problem ?? '')) } };
+      h = {
+        desired: d,
+        tunnel: null,
+        state: () => state,
+        upstream: { isReady: () => false, open: () => Promise.reject(new Error(d.problem ?? '')) },
+      };
     } else if (t.kind === 'direct') {
       const state: TunnelState = { ready: true, reason: 'Connected', message: `direct ${describeTarget(t)}` };
-      h = { desired: d, tunnel: null, state: () => state, upstream: { isReady: () => true, open: () => openTcp(t.host, t.port, o.connectTimeoutMs ?? 10_000) } };
+      h = {
+        desired: d,
+        tunnel: null,
+        state: () => state,
+        upstream: { isReady: () => true, open: () => openTcp(t.host, t.port, o.connectTimeoutMs ?? 10_000) },
+      };
     } else {
       const tunnel = new ReplicaTunnel({
         target: t,
@@ -220,7 +240,8 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       const replicas = new Map<string, { serviceKey: string; fingerprint: string }>();
       const keep: string[] = [];
       for (const [id, h] of held) {
-        if (!retiring.get(h.desired.serviceKey)?.replicas.has(id)) replicas.set(id, { serviceKey: h.desired.serviceKey, fingerprint: h.desired.fingerprint });
+        if (!retiring.get(h.desired.serviceKey)?.replicas.has(id))
+          replicas.set(id, { serviceKey: h.desired.serviceKey, fingerprint: h.desired.fingerprint });
         const key = replicaObjectKey(h.desired.serviceKey, id);
         keep.push(key);
         const st = h.state();
@@ -232,7 +253,12 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         ctx.status.setOutputs(sk, socketOutputs(sk));
       }
       ctx.status.prune(keep);
-      return { services: new Set(balancer.listening()), replicas, retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])), now: ctx.clock.now() };
+      return {
+        services: new Set(balancer.listening()),
+        replicas,
+        retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])),
+        now: ctx.clock.now(),
+      };
     },
 
     plan(desired: SshDesired, observed: ObservedSsh): Action<SshPayload>[] {
@@ -340,7 +366,8 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
           help: 'Per replica tunnel: 1 when Ready.',
           type: 'gauge',
           labelNames: ['service', 'replica', 'state'],
-          read: () => replicas().map(([service, replica, s]) => [{ service, replica, state: s.ready ? 'Ready' : s.reason }, s.ready ? 1 : 0]),
+          read: () =>
+            replicas().map(([service, replica, s]) => [{ service, replica, state: s.ready ? 'Ready' : s.reason }, s.ready ? 1 : 0]),
         },
         {
           name: 'tunnel_reconnects_total',

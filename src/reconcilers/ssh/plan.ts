@@ -45,15 +45,38 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
   const actions: Action<SshPayload>[] = [];
   const gone = observed.retiring ?? new Map<string, Retiring>();
   for (const sk of desired.services) {
-    if (gone.has(sk)) actions.push({ key: `service:${sk}`, kind: 'restore', summary: `keep the socket of ${sk} (back in the document)`, payload: { what: 'restore', serviceKey: sk } });
-    else if (!observed.services.has(sk)) actions.push({ key: `service:${sk}`, kind: 'create', summary: `listen on the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
+    if (gone.has(sk))
+      actions.push({
+        key: `service:${sk}`,
+        kind: 'restore',
+        summary: `keep the socket of ${sk} (back in the document)`,
+        payload: { what: 'restore', serviceKey: sk },
+      });
+    else if (!observed.services.has(sk))
+      actions.push({
+        key: `service:${sk}`,
+        kind: 'create',
+        summary: `listen on the socket of ${sk}`,
+        payload: { what: 'service', serviceKey: sk },
+      });
   }
   for (const sk of observed.services) {
     if (desired.services.has(sk)) continue;
     const r = gone.get(sk);
-    if (!r) actions.push({ key: `service:${sk}`, kind: 'delete', summary: `close the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } });
+    if (!r)
+      actions.push({
+        key: `service:${sk}`,
+        kind: 'delete',
+        summary: `close the socket of ${sk}`,
+        payload: { what: 'service', serviceKey: sk },
+      });
     else if (desired.routedUpTo >= r.since || (observed.now ?? 0) - r.at >= drainMs) {
-      actions.push({ key: `service:${sk}`, kind: 'close', summary: `close the socket of ${sk}: nothing routes to it any more`, payload: { what: 'close', serviceKey: sk } });
+      actions.push({
+        key: `service:${sk}`,
+        kind: 'close',
+        summary: `close the socket of ${sk}: nothing routes to it any more`,
+        payload: { what: 'close', serviceKey: sk },
+      });
     }
   }
   for (const [id, d] of desired.replicas) {
@@ -69,7 +92,12 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
   }
   for (const [id, cur] of observed.replicas) {
     if (desired.replicas.has(id)) continue;
-    actions.push({ key: `replica:${id}`, kind: 'delete', summary: `close the tunnel of replica ${id} of ${cur.serviceKey}`, payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } } });
+    actions.push({
+      key: `replica:${id}`,
+      kind: 'delete',
+      summary: `close the tunnel of replica ${id} of ${cur.serviceKey}`,
+      payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } },
+    });
   }
   return actions;
 }

@@ -34,7 +34,10 @@ export interface ChainOptions {
 
 /** The path naming hop `i` for host-key bookkeeping. */
 export function endpointOf(hops: readonly HopTarget[], i: number): string {
-  return hops.slice(0, i + 1).map((h) => `${h.host}:${h.port}`).join('>');
+  return hops
+    .slice(0, i + 1)
+    .map((h) => `${h.host}:${h.port}`)
+    .join('>');
 }
 
 /** Connects every hop in order; on failure closes what was opened and throws SshConnectError. */
@@ -75,7 +78,8 @@ function connectHop(hop: HopTarget, sock: Duplex | undefined, endpoint: string, 
       sock?.destroy();
       const msg = `${hopName(hop)}: ${safeMessage(err)}`;
       if (mismatch !== null) reject(new SshConnectError('HostKeyMismatch', `${hopName(hop)}: ${mismatch}`));
-      else if (levelOf(err) === 'client-authentication') reject(new SshConnectError('AuthFailed', `${hopName(hop)}: authentication failed (publickey)`));
+      else if (levelOf(err) === 'client-authentication')
+        reject(new SshConnectError('AuthFailed', `${hopName(hop)}: authentication failed (publickey)`));
       else reject(new SshConnectError('ConnectFailed', msg));
     };
     client.once('ready', () => {

@@ -18,8 +18,7 @@ export interface HopTarget {
 }
 
 export type ReplicaTarget =
-  | { kind: 'ssh'; hops: HopTarget[]; appHost: string; appPort: number }
-  | { kind: 'direct'; host: string; port: number };
+  { kind: 'ssh'; hops: HopTarget[]; appHost: string; appPort: number } | { kind: 'direct'; host: string; port: number };
 
 export interface DesiredReplica {
   id: string;
@@ -66,7 +65,12 @@ function targetOf(
     if (!hop) return;
     const key = ('privateKey' in hop ? hop.privateKey : undefined) ?? projectKey;
     if (!key) problem ??= `no private key for the ${name} hop ${hop.user}@${hop.host}`;
-    const h: HopTarget = { host: hop.host, port: hop.port ?? DEFAULT_SSH_PORT, user: hop.user, privateKey: key ? forSsh2(key, readKey) : '' };
+    const h: HopTarget = {
+      host: hop.host,
+      port: hop.port ?? DEFAULT_SSH_PORT,
+      user: hop.user,
+      privateKey: key ? forSsh2(key, readKey) : '',
+    };
     if (hop.hostKeyFingerprint) h.hostKeyFingerprint = hop.hostKeyFingerprint;
     hops.push(h);
   };
@@ -88,7 +92,9 @@ function forSsh2(key: string, readKey: (text: string) => UsableKey): string {
 }
 
 function fingerprintOf(sk: string, target: ReplicaTarget): string {
-  return createHash('sha256').update(JSON.stringify([sk, target])).digest('hex');
+  return createHash('sha256')
+    .update(JSON.stringify([sk, target]))
+    .digest('hex');
 }
 
 /** A description safe for logs and plans: the hops without keys. */

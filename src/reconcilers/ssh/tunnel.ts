@@ -10,7 +10,8 @@ import type { Clock, TimerHandle } from '../../clock.js';
 import { connectChain, forwardOut, safeMessage, SshConnectError, type ChainOptions } from './ssh-chain.js';
 import type { ReplicaTarget } from './targets.js';
 
-export type TunnelReason = 'Connecting' | 'Connected' | 'ConnectFailed' | 'AuthFailed' | 'HostKeyMismatch' | 'AppPortUnreachable' | 'InvalidConfig';
+export type TunnelReason =
+  'Connecting' | 'Connected' | 'ConnectFailed' | 'AuthFailed' | 'HostKeyMismatch' | 'AppPortUnreachable' | 'InvalidConfig';
 
 export interface TunnelState {
   ready: boolean;

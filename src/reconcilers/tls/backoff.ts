@@ -20,7 +20,18 @@ const MIN = 60_000;
 const HOUR = 60 * MIN;
 
 /** Delay after the n-th consecutive failure (index n-1); the last repeats. */
-export const TLS_BACKOFF_SCHEDULE_MS: readonly number[] = [1 * MIN, 5 * MIN, 15 * MIN, 30 * MIN, 1 * HOUR, 2 * HOUR, 4 * HOUR, 8 * HOUR, 16 * HOUR, 24 * HOUR];
+export const TLS_BACKOFF_SCHEDULE_MS: readonly number[] = [
+  1 * MIN,
+  5 * MIN,
+  15 * MIN,
+  30 * MIN,
+  1 * HOUR,
+  2 * HOUR,
+  4 * HOUR,
+  8 * HOUR,
+  16 * HOUR,
+  24 * HOUR,
+];
 export const MAX_ATTEMPTS_PER_DOMAIN_PER_HOUR = 5;
 export const MAX_ORDERS_PER_3H = 300;
 export const ORDER_WINDOW_MS = 3 * HOUR;
@@ -95,7 +106,13 @@ export function orderHold(orders: readonly number[], now: number, limits: Limits
  * When the next ACME attempt for a domain may start (pure): the latest of the three holds, or
  * `now` when none holds it back. On a tie the first of schedule, hourly, orders names the reason.
  */
-export function nextAllowed(entry: DomainBackoff | undefined, orders: readonly number[], acmeKey: string, now: number, limits: Limits = DEFAULT_LIMITS): { at: number; why: 'none' | 'backoff' | 'hourly' | 'orders' } {
+export function nextAllowed(
+  entry: DomainBackoff | undefined,
+  orders: readonly number[],
+  acmeKey: string,
+  now: number,
+  limits: Limits = DEFAULT_LIMITS,
+): { at: number; why: 'none' | 'backoff' | 'hourly' | 'orders' } {
   let at = now;
   let why: 'none' | 'backoff' | 'hourly' | 'orders' = 'none';
   const holds = [
@@ -116,7 +133,12 @@ export function nextAllowed(entry: DomainBackoff | undefined, orders: readonly n
  * How many attempts the domain could make in [now, now + 1 h) if every one of them failed
  * (pure; for dry-run). Follows the schedule and the hourly limit; ignores other domains.
  */
-export function attemptsInNextHour(entry: DomainBackoff | undefined, acmeKey: string, now: number, limits: Limits = DEFAULT_LIMITS): number {
+export function attemptsInNextHour(
+  entry: DomainBackoff | undefined,
+  acmeKey: string,
+  now: number,
+  limits: Limits = DEFAULT_LIMITS,
+): number {
   let e: DomainBackoff = entry ? { ...entry, attempts: [...entry.attempts] } : { failedAttempts: 0, attempts: [] };
   let count = 0;
   const end = now + DOMAIN_WINDOW_MS;
@@ -130,7 +152,11 @@ export function attemptsInNextHour(entry: DomainBackoff | undefined, acmeKey: st
 }
 
 /** A failed ACME attempt that started at `at` (pure). */
-export function recordFailure(entry: DomainBackoff | undefined, f: { at: number; error: string; acmeKey: string; finishedAt?: number }, limits: Limits = DEFAULT_LIMITS): DomainBackoff {
+export function recordFailure(
+  entry: DomainBackoff | undefined,
+  f: { at: number; error: string; acmeKey: string; finishedAt?: number },
+  limits: Limits = DEFAULT_LIMITS,
+): DomainBackoff {
   const failedAttempts = (entry && entry.acmeKey === f.acmeKey ? entry.failedAttempts : 0) + 1;
   const end = f.finishedAt ?? f.at;
   return {
@@ -151,7 +177,10 @@ export function recordDnsNotReady(entry: DomainBackoff | undefined, f: { at: num
     ...rest,
     lastError: f.error,
     lastReason: 'DNSNotReady',
-    nextAttemptTime: Math.max(entry?.lastReason === 'IssueFailed' && entry.acmeKey === f.acmeKey ? (entry.nextAttemptTime ?? 0) : 0, f.at + DNS_RETRY_MS),
+    nextAttemptTime: Math.max(
+      entry?.lastReason === 'IssueFailed' && entry.acmeKey === f.acmeKey ? (entry.nextAttemptTime ?? 0) : 0,
+      f.at + DNS_RETRY_MS,
+    ),
     ...(entry?.acmeKey === undefined ? { acmeKey: f.acmeKey } : {}),
   };
 }

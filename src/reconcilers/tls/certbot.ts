@@ -60,7 +60,18 @@ const KILL_GRACE_MS = 2_000; // 2 s between SIGTERM and SIGKILL of the group
 
 /** certbot's command line for a request (no secrets: EAB goes through `--config <file>`). */
 export function certbotArgs(req: CertbotRequest, configFile: string | null): string[] {
-  const args = ['certonly', '--non-interactive', '--agree-tos', '--webroot', '-w', req.webroot, '-d', req.domain, '--cert-name', req.domain];
+  const args = [
+    'certonly',
+    '--non-interactive',
+    '--agree-tos',
+    '--webroot',
+    '-w',
+    req.webroot,
+    '-d',
+    req.domain,
+    '--cert-name',
+    req.domain,
+  ];
   args.push('--server', req.acme.server);
   args.push('--config-dir', req.dirs.configDir, '--work-dir', req.dirs.workDir, '--logs-dir', req.dirs.logsDir);
   if (configFile) args.push('--config', configFile);
@@ -125,7 +136,13 @@ export class CertbotRunner {
       // Whatever certbot started and left behind goes with it.
       killGroup(pid, 'SIGKILL');
       const durationMs = Date.now() - t0;
-      if (timedOut) return { ok: false, durationMs, timedOut, error: `certbot did not finish within ${Math.round(this.#timeoutMs / 1000)} s and was killed` };
+      if (timedOut)
+        return {
+          ok: false,
+          durationMs,
+          timedOut,
+          error: `certbot did not finish within ${Math.round(this.#timeoutMs / 1000)} s and was killed`,
+        };
       if (result.exitCode === 0) return { ok: true, durationMs };
       const out = typeof result.all === 'string' ? result.all : '';
       const why = result.exitCode === undefined ? (result.shortMessage ?? 'certbot failed to start') : `exit code ${result.exitCode}`;

@@ -50,11 +50,19 @@ export function checkCertificate(certPem: string, keyPem: string, domain: string
   if (now >= notAfter) {
     return { ok: false, reason: 'Expired', message: `the certificate expired at ${new Date(notAfter).toISOString()}` };
   }
-  return { ok: true, info: { serial: cert.serialNumber.toUpperCase(), notBefore, notAfter, renewalTime: renewalTime(notBefore, notAfter) } };
+  return {
+    ok: true,
+    info: { serial: cert.serialNumber.toUpperCase(), notBefore, notAfter, renewalTime: renewalTime(notBefore, notAfter) },
+  };
 }
 
 /** Reads and checks `certPath` + `keyPath`; a missing file is `Missing`, not an error. */
-export async function readCertificate(certPath: string, keyPath: string, domain: string, now: number): Promise<CertCheck & { certPem?: string; keyPem?: string }> {
+export async function readCertificate(
+  certPath: string,
+  keyPath: string,
+  domain: string,
+  now: number,
+): Promise<CertCheck & { certPem?: string; keyPem?: string }> {
   let certPem: string;
   let keyPem: string;
   try {

@@ -215,7 +215,13 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
    * --force-renewal always: whether a certificate is due is decided by the plan, not certbot.
    * What counts is a valid certificate on disk (a new one when renewing), not the exit code.
    */
-  const runCertbot = async (domain: string, renew: boolean, acme: AcmeSettings, acmeKey: string, ctx: LoopContext): Promise<ApplyResult> => {
+  const runCertbot = async (
+    domain: string,
+    renew: boolean,
+    acme: AcmeSettings,
+    acmeKey: string,
+    ctx: LoopContext,
+  ): Promise<ApplyResult> => {
     const start = ctx.clock.now();
     const before = await served(domain, start);
     await backoff.update((d) => d.orders.push(start), start);
@@ -235,12 +241,17 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
       report(ctx, domainInfo(domain, c, await backoff.get(domain), false));
       return requeueUntil(c.info.renewalTime, now);
     }
-    const error = result.ok ? `certbot succeeded but left no new usable certificate: ${c.ok ? `serial ${c.info.serial} unchanged` : c.message}` : result.error;
+    const error = result.ok
+      ? `certbot succeeded but left no new usable certificate: ${c.ok ? `serial ${c.info.serial} unchanged` : c.message}`
+      : result.error;
     await backoff.update((d) => {
       d.domains[domain] = recordFailure(d.domains[domain], { at: start, finishedAt: now, error, acmeKey }, limits);
     }, now);
     const entry = await backoff.get(domain);
-    ctx.logger.warn({ domain, error, failedAttempts: entry?.failedAttempts, nextAttemptTime: entry?.nextAttemptTime }, `certificate for ${domain} not issued`);
+    ctx.logger.warn(
+      { domain, error, failedAttempts: entry?.failedAttempts, nextAttemptTime: entry?.nextAttemptTime },
+      `certificate for ${domain} not issued`,
+    );
     report(ctx, domainInfo(domain, await served(domain, now), entry, false));
     const retry = nextAllowed(entry, (await backoff.load()).orders, acmeKey, now, limits);
     return { requeueAfterMs: Math.max(1_000, retry.at - now) };
@@ -303,7 +314,8 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
       }
       const want = new Set(desired.domains);
       for (const domain of trackedDomains(observed.published, observed.backoff)) {
-        if (!want.has(domain)) actions.push({ key: domain, kind: 'delete', summary: `stop serving the certificate for ${domain}`, payload: { domain } });
+        if (!want.has(domain))
+          actions.push({ key: domain, kind: 'delete', summary: `stop serving the certificate for ${domain}`, payload: { domain } });
       }
       return actions;
     },
@@ -321,7 +333,8 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
           await backoff.change((d) => {
             const e = d.domains[domain];
             if (!e) return;
-            if (e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) e.removed = true; // its attempts still count
+            if (e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS))
+              e.removed = true; // its attempts still count
             else delete d.domains[domain];
           }, now);
           ctx.status.delete(domain);
@@ -374,11 +387,26 @@ function actionFor(i: DomainInput, desired: TlsDesired, limits: Limits): Action<
     case 'none':
       return null;
     case 'publish':
-      return { key: domain, kind: 'publish', summary: `serve the existing certificate for ${domain} (serial ${d.serial})`, payload: { domain } };
+      return {
+        key: domain,
+        kind: 'publish',
+        summary: `serve the existing certificate for ${domain} (serial ${d.serial})`,
+        payload: { domain },
+      };
     case 'wait':
-      return { key: domain, kind: 'wait', summary: attemptSummary(i, desired, d.trigger, d.hold.until, limits), payload: { domain, until: d.hold.until } };
+      return {
+        key: domain,
+        kind: 'wait',
+        summary: attemptSummary(i, desired, d.trigger, d.hold.until, limits),
+        payload: { domain, until: d.hold.until },
+      };
     default:
-      return { key: domain, kind: d.action, summary: attemptSummary(i, desired, d.trigger, null, limits), payload: { domain, acme: desired.acme, acmeKey: desired.acmeKey } };
+      return {
+        key: domain,
+        kind: d.action,
+        summary: attemptSummary(i, desired, d.trigger, null, limits),
+        payload: { domain, acme: desired.acme, acmeKey: desired.acmeKey },
+      };
   }
 }
 
@@ -409,7 +437,8 @@ function certificateMetricFamilies(status: () => StatusWriter | null): MetricFam
       help: 'Per domain certificate notAfter.',
       type: 'gauge',
       labelNames: ['domain'],
-      read: () => rows().flatMap(([domain, out]) => (out.notAfter === null ? [] : [[{ domain }, Date.parse(out.notAfter) / 1000] as const])),
+      read: () =>
+        rows().flatMap(([domain, out]) => (out.notAfter === null ? [] : [[{ domain }, Date.parse(out.notAfter) / 1000] as const])),
     },
     {
       name: 'certificate_failed_attempts_total',
@@ -433,7 +462,10 @@ function requeueUntil(renewalTime: number, now: number): ApplyResult {
 
 async function listDirs(dir: string): Promise<string[]> {
   try {
-    return (await readdir(dir, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name).sort();
+    return (await readdir(dir, { withFileTypes: true }))
+      .filter((e) => e.isDirectory())
+      .map((e) => e.name)
+      .sort();
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
     throw err;

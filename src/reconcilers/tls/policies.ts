@@ -66,7 +66,11 @@ export const expired: TriggerPolicy = (i) =>
 /** Two thirds of the lifetime passed (cert-manager's default): renew while it still serves. */
 export const nearingExpiry: TriggerPolicy = (i) =>
   i.lineage.ok && i.now >= i.lineage.info.renewalTime
-    ? { reason: 'RenewalDue', message: `two thirds of the lifetime passed at ${new Date(i.lineage.info.renewalTime).toISOString()}`, renew: true }
+    ? {
+        reason: 'RenewalDue',
+        message: `two thirds of the lifetime passed at ${new Date(i.lineage.info.renewalTime).toISOString()}`,
+        renew: true,
+      }
     : null;
 
 export const triggerPolicies: readonly TriggerPolicy[] = [noCertificate, invalid, expired, nearingExpiry];
@@ -103,7 +107,10 @@ export const orderRateLimit: HoldPolicy = (i) => {
 export const holdPolicies: readonly HoldPolicy[] = [dnsNotReady, backingOff, domainRateLimit, orderRateLimit];
 
 /** The first trigger that fires, or null: the certificate is fine as it is. */
-export function firstTrigger(i: Pick<DomainInput, 'lineage' | 'now'>, policies: readonly TriggerPolicy[] = triggerPolicies): Trigger | null {
+export function firstTrigger(
+  i: Pick<DomainInput, 'lineage' | 'now'>,
+  policies: readonly TriggerPolicy[] = triggerPolicies,
+): Trigger | null {
   for (const p of policies) {
     const t = p(i);
     if (t) return t;

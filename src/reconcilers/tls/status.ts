@@ -66,8 +66,18 @@ export function domainConditions(i: DomainInfo): ConditionPair {
   const issuing: ConditionPair['issuing'] = i.issuing
     ? { type: 'Issuing', status: 'True', reason: i.cert ? 'Renewing' : 'Requesting', message: 'certbot is running' }
     : failing
-      ? { type: 'Issuing', status: 'False', reason: i.lastReason === 'DNSNotReady' ? 'DNSNotReady' : 'BackingOff', message: failureFigures(i) }
-      : { type: 'Issuing', status: 'False', reason: 'Idle', message: i.cert ? `next renewal at ${iso(i.cert.renewalTime)}` : 'waiting for the next pass' };
+      ? {
+          type: 'Issuing',
+          status: 'False',
+          reason: i.lastReason === 'DNSNotReady' ? 'DNSNotReady' : 'BackingOff',
+          message: failureFigures(i),
+        }
+      : {
+          type: 'Issuing',
+          status: 'False',
+          reason: 'Idle',
+          message: i.cert ? `next renewal at ${iso(i.cert.renewalTime)}` : 'waiting for the next pass',
+        };
   return { ready, issuing };
 }
 

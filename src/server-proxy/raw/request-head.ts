@@ -85,7 +85,7 @@ export function parseRequestHead(buf: Buffer, from: number, maxSize: number): He
   let expect = false;
   let upgrade = false;
   let lines = 0;
-  for (let p = eol + 2; p < text.length; ) {
+  for (let p = eol + 2; p < text.length;) {
     if (++lines > MAX_HEADER_LINES) return fail(431, 'too many header lines');
     const e = text.indexOf('\r\n', p);
     const colon = text.indexOf(':', p);
@@ -138,7 +138,19 @@ export function parseRequestHead(buf: Buffer, from: number, maxSize: number): He
   const keepAlive = (connection & CLOSE) === 0 && (minor === 1 || (connection & KEEP_ALIVE) !== 0);
   return {
     kind: 'head',
-    head: { method, target, minor, rawHeaders, contentLength, transferEncoding: te, host, keepAlive, expect, upgrade: upgrade || (connection & UPGRADE) !== 0, size },
+    head: {
+      method,
+      target,
+      minor,
+      rawHeaders,
+      contentLength,
+      transferEncoding: te,
+      host,
+      keepAlive,
+      expect,
+      upgrade: upgrade || (connection & UPGRADE) !== 0,
+      size,
+    },
   };
 }
 
@@ -156,7 +168,7 @@ function hasBareLineEnd(buf: Buffer, from: number): boolean {
 /** CLOSE, KEEP_ALIVE and UPGRADE bits for the tokens of one Connection value. */
 function connectionTokens(value: string): number {
   let bits = 0;
-  for (let s = 0; s <= value.length; ) {
+  for (let s = 0; s <= value.length;) {
     let e = value.indexOf(',', s);
     if (e === -1) e = value.length;
     if (isToken(value, s, e, 'close')) bits |= CLOSE;

@@ -49,7 +49,11 @@ async function apply(files: Map<string, string>, over: Partial<ApplyFilesOptions
 }
 
 const conf = (name: string) => join(ng.paths.confDir, name);
-const exists = (name: string) => stat(conf(name)).then(() => true, () => false);
+const exists = (name: string) =>
+  stat(conf(name)).then(
+    () => true,
+    () => false,
+  );
 
 beforeAll(async () => {
   ng = await startTestNginx();

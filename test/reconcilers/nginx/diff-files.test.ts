@@ -3,7 +3,10 @@
 import { describe, expect, it } from 'vitest';
 import { diffFiles, type OwnedFiles } from '../../../src/reconcilers/nginx/apply.js';
 
-const owned = (files: Record<string, string>, foreign: string[] = []): OwnedFiles => ({ owned: new Map(Object.entries(files)), foreign: new Set(foreign) });
+const owned = (files: Record<string, string>, foreign: string[] = []): OwnedFiles => ({
+  owned: new Map(Object.entries(files)),
+  foreign: new Set(foreign),
+});
 
 describe('diffFiles', () => {
   it('lists creates, updates and conflicts in render order, then deletes; equal files not at all', () => {
@@ -14,7 +17,10 @@ describe('diffFiles', () => {
       ['sites/same.conf', 'same'],
       ['sites/hand.conf', 'ours'],
     ]);
-    const changes = diffFiles(rendered, owned({ 'global.conf': 'g', 'sites/b.conf': 'b1', 'sites/same.conf': 'same', 'sites/old.conf': 'old' }, ['sites/hand.conf']));
+    const changes = diffFiles(
+      rendered,
+      owned({ 'global.conf': 'g', 'sites/b.conf': 'b1', 'sites/same.conf': 'same', 'sites/old.conf': 'old' }, ['sites/hand.conf']),
+    );
     expect(changes).toEqual([
       { kind: 'update', name: 'sites/b.conf', text: 'b2', previous: 'b1' },
       { kind: 'create', name: 'sites/a.conf', text: 'a', previous: null },

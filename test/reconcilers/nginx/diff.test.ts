@@ -8,7 +8,12 @@ describe('unifiedDiff', () => {
     ['equal texts', lines('a', 'b'), lines('a', 'b'), ''],
     ['a created file', null, lines('a', 'b'), lines('--- /dev/null', '+++ b/f.conf', '@@ -0,0 +1,2 @@', '+a', '+b')],
     ['a deleted file', lines('a'), null, lines('--- a/f.conf', '+++ /dev/null', '@@ -1,1 +0,0 @@', '-a')],
-    ['a changed line', lines('a', 'b', 'c'), lines('a', 'x', 'c'), lines('--- a/f.conf', '+++ b/f.conf', '@@ -1,3 +1,3 @@', ' a', '-b', '+x', ' c')],
+    [
+      'a changed line',
+      lines('a', 'b', 'c'),
+      lines('a', 'x', 'c'),
+      lines('--- a/f.conf', '+++ b/f.conf', '@@ -1,3 +1,3 @@', ' a', '-b', '+x', ' c'),
+    ],
     ['an inserted line', lines('a', 'c'), lines('a', 'b', 'c'), lines('--- a/f.conf', '+++ b/f.conf', '@@ -1,2 +1,3 @@', ' a', '+b', ' c')],
   ])('%s', (_name, a, b, want) => expect(unifiedDiff(a, b, 'f.conf')).toBe(want));
 
@@ -20,9 +25,23 @@ describe('unifiedDiff', () => {
     const d = unifiedDiff(lines(...a), lines(...b), 'f.conf');
     expect(d).toBe(
       lines(
-        '--- a/f.conf', '+++ b/f.conf',
-        '@@ -1,5 +1,5 @@', ' l1', '-l2', '+X', ' l3', ' l4', ' l5',
-        '@@ -15,6 +15,6 @@', ' l15', ' l16', ' l17', '-l18', '+Y', ' l19', ' l20',
+        '--- a/f.conf',
+        '+++ b/f.conf',
+        '@@ -1,5 +1,5 @@',
+        ' l1',
+        '-l2',
+        '+X',
+        ' l3',
+        ' l4',
+        ' l5',
+        '@@ -15,6 +15,6 @@',
+        ' l15',
+        ' l16',
+        ' l17',
+        '-l18',
+        '+Y',
+        ' l19',
+        ' l20',
       ),
     );
   });
@@ -30,8 +49,21 @@ describe('unifiedDiff', () => {
   it('round-trips: applying the hunks to the old text gives the new text', () => {
     const a = lines('server {', '    listen 80;', '    a;', '    b;', '}', 'x', 'y');
     const b = lines('# new', 'server {', '    listen 80;', '    b;', '    c;', '}', 'y', 'z');
-    const d = unifiedDiff(a, b, 'f.conf').split('\n').slice(2).filter((l) => l && !l.startsWith('@@'));
-    expect(d.filter((l) => !l.startsWith('-')).map((l) => l.slice(1)).join('\n') + '\n').toBe(b);
-    expect(d.filter((l) => !l.startsWith('+')).map((l) => l.slice(1)).join('\n') + '\n').toBe(a);
+    const d = unifiedDiff(a, b, 'f.conf')
+      .split('\n')
+      .slice(2)
+      .filter((l) => l && !l.startsWith('@@'));
+    expect(
+      d
+        .filter((l) => !l.startsWith('-'))
+        .map((l) => l.slice(1))
+        .join('\n') + '\n',
+    ).toBe(b);
+    expect(
+      d
+        .filter((l) => !l.startsWith('+'))
+        .map((l) => l.slice(1))
+        .join('\n') + '\n',
+    ).toBe(a);
   });
 });

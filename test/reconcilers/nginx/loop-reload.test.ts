@@ -45,7 +45,11 @@ describe('Nginx loop: Applied only once the previous workers stopped accepting',
       reload: () => proc!.reload(),
       view: { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath },
     });
-    const controller = new Controller({ loops: [loop] as unknown as AnyLoop[], getSpec: () => ({ state, generation }), logger: pino({ level: 'silent' }) });
+    const controller = new Controller({
+      loops: [loop] as unknown as AnyLoop[],
+      getSpec: () => ({ state, generation }),
+      logger: pino({ level: 'silent' }),
+    });
     try {
       await controller.start();
       const [worker] = await eventually(async () => {
@@ -53,7 +57,14 @@ describe('Nginx loop: Applied only once the previous workers stopped accepting',
         return w.length === 1 ? w : undefined;
       });
       process.kill(worker!, 'SIGSTOP'); // cannot take the master's "shut down": keeps accepting
-      state = { ...emptyState(), spec: { ...emptyState().spec, projects: [{ name: 'main' }], services: [service({ run: 'web', domain: 'web.gw.test', replicas: [] })] } };
+      state = {
+        ...emptyState(),
+        spec: {
+          ...emptyState().spec,
+          projects: [{ name: 'main' }],
+          services: [service({ run: 'web', domain: 'web.gw.test', replicas: [] })],
+        },
+      };
       generation = 2;
       await controller.reconcileAll();
       const ready = () => controller.statuses().loops.nginx?.objects['web.gw.test']?.conditions.find((c) => c.type === 'Ready');
@@ -90,7 +101,11 @@ describe('Nginx loop: a reload the master is still parsing at the deadline', () 
       },
       view: { httpPort: ng2.httpPort, httpsPort: ng2.httpsPort, acmeWebroot: ng2.acmeWebroot, accessLogPath: ng2.accessLogPath },
     });
-    const controller = new Controller({ loops: [loop] as unknown as AnyLoop[], getSpec: () => ({ state, generation }), logger: pino({ level: 'silent' }) });
+    const controller = new Controller({
+      loops: [loop] as unknown as AnyLoop[],
+      getSpec: () => ({ state, generation }),
+      logger: pino({ level: 'silent' }),
+    });
     const master = proc2.pid!;
     try {
       await controller.start();
@@ -98,7 +113,14 @@ describe('Nginx loop: a reload the master is still parsing at the deadline', () 
       // A stopped master takes the SIGHUP only once continued: it stands for one that spends
       // longer than the deadline parsing a very large config.
       process.kill(master, 'SIGSTOP');
-      state = { ...emptyState(), spec: { ...emptyState().spec, projects: [{ name: 'main' }], services: [service({ run: 'web', domain: 'web.gw.test', replicas: [] })] } };
+      state = {
+        ...emptyState(),
+        spec: {
+          ...emptyState().spec,
+          projects: [{ name: 'main' }],
+          services: [service({ run: 'web', domain: 'web.gw.test', replicas: [] })],
+        },
+      };
       generation = 2;
       await controller.reconcileAll();
       const ready = () => controller.statuses().loops.nginx?.objects['web.gw.test']?.conditions.find((c) => c.type === 'Ready');

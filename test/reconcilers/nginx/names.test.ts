@@ -30,7 +30,8 @@ describe('upstreamName', () => {
   });
 
   it('is a valid Nginx upstream name', () => {
-    for (const key of ['main/llama-8b', 'a/b.c', `p/${'é'.repeat(80)}`]) expect(upstreamName(key)).toMatch(/^u[0-9a-f]{8}\.[A-Za-z0-9_.-]+$/);
+    for (const key of ['main/llama-8b', 'a/b.c', `p/${'é'.repeat(80)}`])
+      expect(upstreamName(key)).toMatch(/^u[0-9a-f]{8}\.[A-Za-z0-9_.-]+$/);
   });
 });
 

@@ -37,7 +37,8 @@ describe('mainConfText', () => {
       'proxy_temp_path /srv/dp/tmp/proxy;',
       'client_body_temp_path /srv/dp/tmp/body;',
       'server_names_hash_bucket_size 128;',
-    ]) expect(lines).toContain(want);
+    ])
+      expect(lines).toContain(want);
     expect(lines.indexOf('include /srv/dp/conf.d/*.conf;')).toBeLessThan(lines.indexOf('include /srv/dp/conf.d/sites/*.conf;'));
   });
   it('runs the workers as www-data by default when the master runs as root, never as root', () => {
@@ -85,7 +86,12 @@ describe('a private Nginx', () => {
   let ng: TestNginx;
   beforeAll(async () => {
     ng = await startTestNginx({ start: false });
-    const views = buildViews(emptyState(), { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath });
+    const views = buildViews(emptyState(), {
+      httpPort: ng.httpPort,
+      httpsPort: ng.httpsPort,
+      acmeWebroot: ng.acmeWebroot,
+      accessLogPath: ng.accessLogPath,
+    });
     await writeFile(join(ng.paths.confDir, views.global.fileName), renderGlobal(views.global));
   });
   afterAll(async () => {
@@ -159,7 +165,10 @@ async function workersOf(master: number): Promise<number[]> {
 
 /** A site on `port` answering `body`, so a test can tell which config serves. */
 async function writeSite(ng: TestNginx, body: string): Promise<void> {
-  await writeFile(join(ng.paths.confDir, 'sites', 'probe.conf'), `server { listen 127.0.0.1:${ng.httpPort}; server_name probe.test; return 200 "${body}"; }\n`);
+  await writeFile(
+    join(ng.paths.confDir, 'sites', 'probe.conf'),
+    `server { listen 127.0.0.1:${ng.httpPort}; server_name probe.test; return 200 "${body}"; }\n`,
+  );
 }
 
 describe('a private Nginx after a crash', () => {

@@ -11,8 +11,14 @@ const opts: ViewOptions = {
   httpsPort: 443,
   acmeWebroot: '/var/lib/dstack-proxy/acme',
   accessLogPath: '/var/log/dstack-proxy/access.log',
-  certFor: (d) => (d === 'llama-8b.gw.test' || d === 'gateway.gw.test' ? { certPath: `/certs/${d}/fullchain.pem`, keyPath: `/certs/${d}/privkey.pem` } : null),
-  upstreamFor: (s) => (s.run === 'plain' ? { kind: 'socket', path: '/run/dstack-proxy/main.plain.sock' } : { kind: 'direct', servers: s.replicas.flatMap((r) => (r.direct ? [`${r.direct.host}:${r.direct.port}`] : [])) }),
+  certFor: (d) =>
+    d === 'llama-8b.gw.test' || d === 'gateway.gw.test'
+      ? { certPath: `/certs/${d}/fullchain.pem`, keyPath: `/certs/${d}/privkey.pem` }
+      : null,
+  upstreamFor: (s) =>
+    s.run === 'plain'
+      ? { kind: 'socket', path: '/run/dstack-proxy/main.plain.sock' }
+      : { kind: 'direct', servers: s.replicas.flatMap((r) => (r.direct ? [`${r.direct.host}:${r.direct.port}`] : [])) },
   internalSocket: '/var/lib/dstack-proxy/nginx-internal/nginx.sock',
   entrypointKeyInclude: '/var/lib/dstack-proxy/nginx-internal/entrypoint-key.conf',
 };
@@ -85,7 +91,14 @@ describe('global file', () => {
     ]);
   });
   it('has a default server: 404 except ACME challenges; TLS handshakes for unknown names rejected', () => {
-    expectLines(text, ['listen 80 default_server;'.replace('80', '127.0.0.1:80'), 'location ^~ /.well-known/acme-challenge/ {', 'root /var/lib/dstack-proxy/acme;', 'return 404;', 'listen 127.0.0.1:443 ssl http2 default_server;', 'ssl_reject_handshake on;']);
+    expectLines(text, [
+      'listen 80 default_server;'.replace('80', '127.0.0.1:80'),
+      'location ^~ /.well-known/acme-challenge/ {',
+      'root /var/lib/dstack-proxy/acme;',
+      'return 404;',
+      'listen 127.0.0.1:443 ssl http2 default_server;',
+      'ssl_reject_handshake on;',
+    ]);
   });
   it('answers unknown hosts on the internal listener with 404 too', () => {
     expectLines(text, ['listen unix:/var/lib/dstack-proxy/nginx-internal/nginx.sock default_server;']);
@@ -180,7 +193,7 @@ describe('service site', () => {
     expectLines(t, ['default_type application/json;', `return 503 '{"detail":"Service main/empty has no ready replica"}';`]);
     expect(t).not.toContain('upstream');
   });
-  it('serves the gateway\'s model API on the internal listener: same limits and replica, no auth, address from X-Real-IP', () => {
+  it("serves the gateway's model API on the internal listener: same limits and replica, no auth, address from X-Real-IP", () => {
     const blocks = serverBlocks(text);
     expect(blocks).toHaveLength(2);
     const internal = blocks[1]!;

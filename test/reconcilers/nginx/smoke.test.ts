@@ -58,9 +58,23 @@ beforeAll(async () => {
   const certDir = join(ng.dir, 'certs');
   await mkdir(certDir, { recursive: true });
   await execa('openssl', [
-    'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-days', '2',
-    '-keyout', join(certDir, 'key.pem'), '-out', join(certDir, 'cert.pem'),
-    '-subj', '/CN=llama-8b.gw.test', '-addext', 'subjectAltName=DNS:llama-8b.gw.test',
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:P-256',
+    '-nodes',
+    '-days',
+    '2',
+    '-keyout',
+    join(certDir, 'key.pem'),
+    '-out',
+    join(certDir, 'cert.pem'),
+    '-subj',
+    '/CN=llama-8b.gw.test',
+    '-addext',
+    'subjectAltName=DNS:llama-8b.gw.test',
   ]);
   ca = await readFile(join(certDir, 'cert.pem'), 'utf8');
   await mkdir(join(ng.acmeWebroot, '.well-known/acme-challenge'), { recursive: true });
@@ -99,7 +113,12 @@ describe('routing', () => {
     expect(r.status).toBe(200);
     const echo = JSON.parse(r.body) as Echo;
     expect(echo).toMatchObject({ name: 'direct', url: '/a?b=1' });
-    expect(echo.headers).toMatchObject({ host: 'plain.gw.test', 'x-real-ip': REMOTE, 'x-forwarded-for': REMOTE, 'x-forwarded-proto': 'http' });
+    expect(echo.headers).toMatchObject({
+      host: 'plain.gw.test',
+      'x-real-ip': REMOTE,
+      'x-forwarded-for': REMOTE,
+      'x-forwarded-proto': 'http',
+    });
     expect(echo.headers.connection).toBeUndefined(); // keepalive upstream: Connection ""
   });
 
@@ -145,7 +164,12 @@ describe('TLS, redirect and auth', () => {
     const r = await request({ port: ng.httpPort, host: 'llama-8b.gw.test', path: '/x?y=1', localAddress: REMOTE });
     expect(r.status).toBe(301);
     expect(r.headers.location).toBe(`https://llama-8b.gw.test:${ng.httpsPort}/x?y=1`);
-    const acme = await request({ port: ng.httpPort, host: 'llama-8b.gw.test', path: '/.well-known/acme-challenge/tok', localAddress: REMOTE });
+    const acme = await request({
+      port: ng.httpPort,
+      host: 'llama-8b.gw.test',
+      path: '/.well-known/acme-challenge/tok',
+      localAddress: REMOTE,
+    });
     expect(acme.body).toBe('challenge-ok');
     const local = await request({ port: ng.httpPort, host: 'llama-8b.gw.test', path: '/local' });
     expect(local.status).toBe(301);
@@ -170,7 +194,11 @@ describe('TLS, redirect and auth', () => {
 
   it('lets the internal listener through without a token, with the client address from X-Real-IP', async () => {
     const before = authCalls.length;
-    const r = await internal({ host: 'llama-8b.gw.test', path: '/from-gateway', headers: { 'x-real-ip': '192.0.2.7', 'x-forwarded-for': '198.51.100.1, 192.0.2.7', authorization: 'Bearer leaked' } });
+    const r = await internal({
+      host: 'llama-8b.gw.test',
+      path: '/from-gateway',
+      headers: { 'x-real-ip': '192.0.2.7', 'x-forwarded-for': '198.51.100.1, 192.0.2.7', authorization: 'Bearer leaked' },
+    });
     expect(r.status).toBe(200);
     expect(authCalls.length).toBe(before); // no auth subrequest at all
     const echo = JSON.parse(r.body) as Echo;
@@ -225,7 +253,12 @@ describe('access log', () => {
       return t.includes(' 429 ') && t.includes(' 503 ') ? t.trim().split('\n') : undefined;
     });
     const hitBy = (host: string, status: number) =>
-      new Set(lines.map((l) => l.split(' ')).filter((f) => f[1] === host && f[2] === String(status)).map((f) => f[4]));
+      new Set(
+        lines
+          .map((l) => l.split(' '))
+          .filter((f) => f[1] === host && f[2] === String(status))
+          .map((f) => f[4]),
+      );
     expect(lines[0]).toMatch(/^\d{4}-\d\d-\d\dT\S+ \S+ \d{3} \d+\.\d{3} [01]$/);
     expect(hitBy('plain.gw.test', 200)).toEqual(new Set(['1']));
     const llama200 = lines.filter((l) => / llama-8b\.gw\.test 200 /.test(l));

@@ -37,7 +37,12 @@ describe('buildViews', () => {
     const certFor = (d: string) => (d === 'gateway.gw.test' || d === 'plain.gw.test' ? { certPath: `/c/${d}`, keyPath: `/k/${d}` } : null);
     const v = buildViews(sampleState(), { ...opts, certFor });
     const tls = Object.fromEntries(v.sites.map((s) => [s.domain, s.tls]));
-    expect(tls['gateway.gw.test']).toEqual({ listen: '127.0.0.1:443', certPath: '/c/gateway.gw.test', keyPath: '/k/gateway.gw.test', redirectPort: '' });
+    expect(tls['gateway.gw.test']).toEqual({
+      listen: '127.0.0.1:443',
+      certPath: '/c/gateway.gw.test',
+      keyPath: '/k/gateway.gw.test',
+      redirectPort: '',
+    });
     expect(tls['plain.gw.test']).toBeNull(); // https: false
     expect(tls['llama-8b.gw.test']).toBeNull(); // https but not Ready
   });

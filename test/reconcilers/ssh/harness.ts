@@ -66,7 +66,8 @@ export async function startHarness(initial: ProxyState, opts: Partial<SshLoopOpt
   });
   const controller = new Controller({ loops: [loop], getSpec: () => current, logger: pino({ level: 'silent' }) });
   await controller.start();
-  const conditions = (sk: string, id: string): Condition[] | undefined => controller.statuses().loops.ssh?.objects[replicaObjectKey(sk, id)]?.conditions;
+  const conditions = (sk: string, id: string): Condition[] | undefined =>
+    controller.statuses().loops.ssh?.objects[replicaObjectKey(sk, id)]?.conditions;
   const ready = (sk: string, id: string): Condition | undefined => conditions(sk, id)?.find((c) => c.type === 'Ready');
   return {
     loop,

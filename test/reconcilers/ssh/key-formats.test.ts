@@ -81,7 +81,8 @@ describe('private-key formats against a real sshd', () => {
     expect(first('ed25519-pkcs8')).toBe('-----BEGIN PRIVATE KEY-----');
     expect(first('rsa-pkcs1')).toBe('-----BEGIN RSA PRIVATE KEY-----');
     expect(first('ecdsa-sec1')).toBe('-----BEGIN EC PRIVATE KEY-----');
-    for (const f of ['rsa-openssh', 'ecdsa-openssh', 'ed25519-openssh'] as const) expect(first(f)).toBe('-----BEGIN OPENSSH PRIVATE KEY-----');
+    for (const f of ['rsa-openssh', 'ecdsa-openssh', 'ed25519-openssh'] as const)
+      expect(first(f)).toBe('-----BEGIN OPENSSH PRIVATE KEY-----');
   });
 
   it('every format validates, and its replica connects and serves', async () => {
@@ -96,22 +97,25 @@ describe('private-key formats against a real sshd', () => {
 
   it('a jump host with its own PKCS#8 key (and a PKCS#8 project key behind it) serves', async () => {
     expect(jumpKey.privateKey.startsWith('-----BEGIN PRIVATE KEY-----')).toBe(true);
-    const doc = documentFor(['rsa-pkcs8'], [
-      {
-        project: project('rsa-pkcs8'),
-        run: 'jumped',
-        https: false,
-        auth: false,
-        replicas: [
-          {
-            id: 'r-jumped',
-            appPort,
-            ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user },
-            sshProxy: { host: '127.0.0.1', port: jump.port, user: jump.user, privateKey: jumpKey.privateKey },
-          },
-        ],
-      },
-    ]);
+    const doc = documentFor(
+      ['rsa-pkcs8'],
+      [
+        {
+          project: project('rsa-pkcs8'),
+          run: 'jumped',
+          https: false,
+          auth: false,
+          replicas: [
+            {
+              id: 'r-jumped',
+              appPort,
+              ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user },
+              sshProxy: { host: '127.0.0.1', port: jump.port, user: jump.user, privateKey: jumpKey.privateKey },
+            },
+          ],
+        },
+      ],
+    );
     await h!.put(valid(doc));
     await h!.waitReason(`${project('rsa-pkcs8')}/jumped`, 'r-jumped', 'Connected');
     expect(echoName(await h!.get(`${project('rsa-pkcs8')}/jumped`))).toBe('app');
@@ -153,6 +157,10 @@ function keyWithPassphrase(type: string): string {
 
 function encryptedPkcs8(): string {
   const file = join(tmp.dir, 'enc.pk8');
-  execFileSync('openssl', ['genpkey', '-algorithm', 'RSA', '-pkeyopt', 'rsa_keygen_bits:2048', '-aes256', '-pass', 'pass:secret', '-out', file], { stdio: 'ignore' });
+  execFileSync(
+    'openssl',
+    ['genpkey', '-algorithm', 'RSA', '-pkeyopt', 'rsa_keygen_bits:2048', '-aes256', '-pass', 'pass:secret', '-out', file],
+    { stdio: 'ignore' },
+  );
   return readFileSync(file, 'utf8');
 }

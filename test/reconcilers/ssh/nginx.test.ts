@@ -29,7 +29,11 @@ let nginx: ReturnType<typeof createNginxLoop>;
 let controller: Controller;
 let current: { state: ProxyState; generation: number };
 
-const replica = (id: string, app: number, port = sshd.port): Replica => ({ id, appPort: ports[app]!, ssh: { host: '127.0.0.1', port, user: sshd.user } });
+const replica = (id: string, app: number, port = sshd.port): Replica => ({
+  id,
+  appPort: ports[app]!,
+  ssh: { host: '127.0.0.1', port, user: sshd.user },
+});
 function spec(replicas: Replica[], down: Replica[] = []): ProxyState {
   const s = specOf(key.privateKey, { app: replicas, down });
   s.spec.services[0]!.domain = 'app.gw.test';

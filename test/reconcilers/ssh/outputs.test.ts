@@ -71,7 +71,10 @@ describe('SSH loop outputs', () => {
 
   it('a replica that cannot work is in the metrics with its reason', async () => {
     await h!.put(specOf('unused', { app: [direct('d1'), { id: 'bad', appPort: port }], other: [direct('d2')] }));
-    const up = await h!.loop.metrics().find((f) => f.name === 'tunnel_up')!.read();
+    const up = await h!.loop
+      .metrics()
+      .find((f) => f.name === 'tunnel_up')!
+      .read();
     const bad = up.find(([labels]) => labels.replica === 'bad');
     expect(bad).toEqual([{ service: 'main/app', replica: 'bad', state: 'InvalidConfig' }, 0]);
     expect(h!.ready('main/app', 'bad')?.status).toBe('False');

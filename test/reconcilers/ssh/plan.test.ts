@@ -16,11 +16,23 @@ describe('desiredFromSpec', () => {
   it('orders hops head proxy → proxy → destination, with per-hop keys defaulting to the project key', () => {
     const d = desiredFromSpec(
       specOf(KEY, {
-        app: [{ id: 'r1', appPort: 8000, ssh, sshProxy: { host: 'jump', port: 2222, user: 'root' }, sshHeadProxy: { host: 'bastion', port: 22, user: 'b', privateKey: 'HEADKEY' } }],
+        app: [
+          {
+            id: 'r1',
+            appPort: 8000,
+            ssh,
+            sshProxy: { host: 'jump', port: 2222, user: 'root' },
+            sshHeadProxy: { host: 'bastion', port: 22, user: 'b', privateKey: 'HEADKEY' },
+          },
+        ],
       }),
     );
     const t = d.replicas.get('r1')!.target;
-    expect(t.kind === 'ssh' && t.hops.map((h) => [h.host, h.privateKey])).toEqual([['bastion', 'HEADKEY'], ['jump', KEY], ['10.0.0.1', KEY]]);
+    expect(t.kind === 'ssh' && t.hops.map((h) => [h.host, h.privateKey])).toEqual([
+      ['bastion', 'HEADKEY'],
+      ['jump', KEY],
+      ['10.0.0.1', KEY],
+    ]);
     expect(describeTarget(t)).toBe('b@bastion:22 → root@jump:2222 → ubuntu@10.0.0.1:22 → localhost:8000');
     expect(describeTarget(t)).not.toContain('KEY');
   });
@@ -42,7 +54,12 @@ describe('desiredFromSpec', () => {
 
 describe('plan', () => {
   const loop = createSshLoop({ stateDir: '/nonexistent' });
-  const spec = specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }, { id: 'r2', appPort: 8000, direct: { host: '10.0.0.2', port: 8000 } }] });
+  const spec = specOf(KEY, {
+    app: [
+      { id: 'r1', appPort: 8000, ssh },
+      { id: 'r2', appPort: 8000, direct: { host: '10.0.0.2', port: 8000 } },
+    ],
+  });
   const desired = loop.desired(spec, none);
 
   it('creates a socket per service and a tunnel per replica from nothing', () => {
@@ -72,7 +89,15 @@ describe('plan with a router (the gateway: Nginx routes to the sockets)', () => 
   const loop = createSshLoop({ stateDir: '/nonexistent', routedBy: 'nginx', drainMs: 30_000 });
   const routed = (gen: number): StatusSnapshot => ({
     generation: 3,
-    loops: { nginx: { conditions: [{ type: 'Ready', status: 'True', reason: 'Converged', message: '', lastTransitionTime: new Date(0), observedGeneration: gen }], objects: {}, failures: {} } },
+    loops: {
+      nginx: {
+        conditions: [
+          { type: 'Ready', status: 'True', reason: 'Converged', message: '', lastTransitionTime: new Date(0), observedGeneration: gen },
+        ],
+        objects: {},
+        failures: {},
+      },
+    },
   });
   const desired = (gen: number) => loop.desired(specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] }), routed(gen));
   const held = { serviceKey: 'main/app', fingerprint: desired(0).replicas.get('r1')!.fingerprint };
@@ -80,18 +105,33 @@ describe('plan with a router (the gateway: Nginx routes to the sockets)', () => 
 
   it('watches the router and keeps a retiring socket until the router has served a generation without it', () => {
     expect(loop.watches).toEqual(['nginx']);
-    const observed = { services: new Set(['main/app', 'main/gone']), replicas: new Map([['r1', held]]), retiring: retiring(1_000), now: 2_000 };
+    const observed = {
+      services: new Set(['main/app', 'main/gone']),
+      replicas: new Map([['r1', held]]),
+      retiring: retiring(1_000),
+      now: 2_000,
+    };
     expect(loop.plan(desired(2), observed)).toEqual([]);
     expect(loop.plan(desired(3), observed).map((a) => `${a.kind} ${a.key}`)).toEqual(['close service:main/gone']);
   });
 
   it('closes it after the drain period even if the router never catches up', () => {
-    const observed = { services: new Set(['main/app', 'main/gone']), replicas: new Map([['r1', held]]), retiring: retiring(1_000), now: 31_000 };
+    const observed = {
+      services: new Set(['main/app', 'main/gone']),
+      replicas: new Map([['r1', held]]),
+      retiring: retiring(1_000),
+      now: 31_000,
+    };
     expect(loop.plan(desired(2), observed).map((a) => `${a.kind} ${a.key}`)).toEqual(['close service:main/gone']);
   });
 
   it('keeps the socket and its replicas when the service comes back while retiring', () => {
-    const observed = { services: new Set(['main/app']), replicas: new Map([['r1', held]]), retiring: new Map([['main/app', { since: 3, at: 0, caughtUpAt: null, replicas: new Set(['r1']) }]]), now: 1 };
+    const observed = {
+      services: new Set(['main/app']),
+      replicas: new Map([['r1', held]]),
+      retiring: new Map([['main/app', { since: 3, at: 0, caughtUpAt: null, replicas: new Set(['r1']) }]]),
+      now: 1,
+    };
     expect(loop.plan(desired(2), observed).map((a) => `${a.kind} ${a.key}`)).toEqual(['restore service:main/app']);
   });
 });

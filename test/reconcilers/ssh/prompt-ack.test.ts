@@ -104,7 +104,12 @@ describe('SSH_MSG_IGNORE on a real sshd', () => {
   for (const hops of [1, 2]) {
     it(`is accepted by every hop (${hops} hop${hops > 1 ? 's' : ''}) and the tunnel keeps working`, async () => {
       const targets = sshds.slice(0, hops).map((s) => ({ host: '127.0.0.1', port: s.port, user: s.user, privateKey: key.privateKey }));
-      const clients = await connectChain(targets, { hostKeys: new HostKeyBook(), connectTimeoutMs: 10_000, keepaliveIntervalMs: 0, keepaliveCountMax: 3 });
+      const clients = await connectChain(targets, {
+        hostKeys: new HostKeyBook(),
+        connectTimeoutMs: 10_000,
+        keepaliveIntervalMs: 0,
+        keepaliveCountMax: 3,
+      });
       let closed = false;
       for (const c of clients) c.once('close', () => (closed = true));
       try {

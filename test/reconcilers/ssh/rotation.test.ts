@@ -25,7 +25,11 @@ let echoes: Server[];
 let ports: number[];
 let h: Harness;
 
-const replica = (id: string, s: TestSshd, app: number): Replica => ({ id, appPort: ports[app]!, ssh: { host: '127.0.0.1', port: s.port, user: s.user } });
+const replica = (id: string, s: TestSshd, app: number): Replica => ({
+  id,
+  appPort: ports[app]!,
+  ssh: { host: '127.0.0.1', port: s.port, user: s.user },
+});
 
 async function names(n: number): Promise<string[]> {
   const out: string[] = [];
@@ -102,7 +106,10 @@ describe('rotation', () => {
     await a.restart();
     await h.waitReason(SK, 'ra', 'Connected');
     expect(h.reconnects(SK, 'ra')).toBeGreaterThanOrEqual(1);
-    const reconnects = await h.loop.metrics().find((f) => f.name === 'tunnel_reconnects_total')!.read();
+    const reconnects = await h.loop
+      .metrics()
+      .find((f) => f.name === 'tunnel_reconnects_total')!
+      .read();
     expect(reconnects.find(([l]) => l.replica === 'ra')?.[1]).toBe(h.reconnects(SK, 'ra'));
     expect(new Set(await names(40))).toEqual(new Set(['app0', 'app1']));
   });

@@ -43,7 +43,13 @@ describe('certbot timeout', () => {
     const { bin, pidFile } = hangingCertbot('runner');
     const runner = new CertbotRunner({ certbotBin: bin, timeoutMs: 1_000 });
     const dirs = { configDir: join(dir, 'c'), workDir: join(dir, 'w'), logsDir: join(dir, 'l') };
-    const r = await runner.run({ domain: 'a.gw.test', acme: { server: 'https://127.0.0.1:1/dir' }, webroot: join(dir, 'web'), dirs, force: true });
+    const r = await runner.run({
+      domain: 'a.gw.test',
+      acme: { server: 'https://127.0.0.1:1/dir' },
+      webroot: join(dir, 'web'),
+      dirs,
+      force: true,
+    });
     expect(r).toMatchObject({ ok: false, timedOut: true });
     if (!r.ok) expect(r.error).toBe('certbot did not finish within 1 s and was killed');
     const pgid = Number(readFileSync(pidFile, 'utf8').trim());
@@ -54,7 +60,13 @@ describe('certbot timeout', () => {
     const { bin, pidFile } = hangingCertbot('loop');
     const clock = new FakeClock(Date.now());
     const stateDir = join(dir, 'state');
-    const loop = createTlsLoop({ stateDir, acmeWebroot: join(dir, 'web'), certbotBin: bin, timeoutMs: 1_000, resolve: async () => ['127.0.0.1'] });
+    const loop = createTlsLoop({
+      stateDir,
+      acmeWebroot: join(dir, 'web'),
+      certbotBin: bin,
+      timeoutMs: 1_000,
+      resolve: async () => ['127.0.0.1'],
+    });
     const state = emptyState();
     state.spec.entrypoints.push({ project: 'main', domain: 'hang.gw.test', https: true });
     const controller = new Controller({ loops: [loop as never], getSpec: () => ({ state, generation: 1 }), clock });

@@ -16,7 +16,29 @@ let key: string;
 let otherKey: string;
 
 async function selfSigned(name: string, days: number): Promise<{ cert: string; key: string }> {
-  await execa('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.pem`, '-days', String(days), '-subj', '/CN=a.gw.test', '-addext', 'subjectAltName=DNS:a.gw.test'], { cwd: dir });
+  await execa(
+    'openssl',
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'ec',
+      '-pkeyopt',
+      'ec_paramgen_curve:P-256',
+      '-nodes',
+      '-keyout',
+      `${name}.key`,
+      '-out',
+      `${name}.pem`,
+      '-days',
+      String(days),
+      '-subj',
+      '/CN=a.gw.test',
+      '-addext',
+      'subjectAltName=DNS:a.gw.test',
+    ],
+    { cwd: dir },
+  );
   return { cert: readFileSync(join(dir, `${name}.pem`), 'utf8'), key: readFileSync(join(dir, `${name}.key`), 'utf8') };
 }
 
@@ -49,7 +71,10 @@ describe('checkCertificate', () => {
   });
 
   it('a missing file is Missing; renewal is due after two thirds of the lifetime', async () => {
-    expect(await readCertificate(join(dir, 'none.pem'), join(dir, 'none.key'), 'a.gw.test', Date.now())).toMatchObject({ ok: false, reason: 'Missing' });
+    expect(await readCertificate(join(dir, 'none.pem'), join(dir, 'none.key'), 'a.gw.test', Date.now())).toMatchObject({
+      ok: false,
+      reason: 'Missing',
+    });
     writeFileSync(join(dir, 'c.pem'), cert);
     const r = await readCertificate(join(dir, 'c.pem'), join(dir, 'a.key'), 'a.gw.test', Date.now());
     if (!r.ok) throw new Error(r.message);
@@ -85,13 +110,20 @@ describe('certificate outputs, as Nginx reads them', () => {
       tls: {
         conditions: [],
         failures: {},
-        objects: { 'a.gw.test': { conditions: [{ type: 'Ready', status, reason: 'Issued', message, lastTransitionTime: new Date(0) }], outputs } },
+        objects: {
+          'a.gw.test': { conditions: [{ type: 'Ready', status, reason: 'Issued', message, lastTransitionTime: new Date(0) }], outputs },
+        },
       },
     },
   });
 
   it('a Ready domain → its published paths, which change with the serial', () => {
-    const info = { domain: 'a.gw.test', cert: { serial: 'AB01', notBefore: 0, notAfter: 3000, renewalTime: 2000 }, issuing: false, failedAttempts: 0 };
+    const info = {
+      domain: 'a.gw.test',
+      cert: { serial: 'AB01', notBefore: 0, notAfter: 3000, renewalTime: 2000 },
+      issuing: false,
+      failedAttempts: 0,
+    };
     const msg = domainConditions(info).ready.message;
     const outputs = certificateOutputsOf(info, '/s/certs');
     expect(outputs).toEqual({
@@ -105,7 +137,10 @@ describe('certificate outputs, as Nginx reads them', () => {
     });
     // The message still says it for people; nothing reads it back.
     expect(msg).toBe(`serial AB01; notAfter ${new Date(3000).toISOString()}; renewalTime ${new Date(2000).toISOString()}`);
-    expect(certFromTlsOutputs('a.gw.test', snapshot('True', msg, outputs))).toEqual({ certPath: '/s/certs/a.gw.test/AB01/fullchain.pem', keyPath: '/s/certs/a.gw.test/AB01/privkey.pem' });
+    expect(certFromTlsOutputs('a.gw.test', snapshot('True', msg, outputs))).toEqual({
+      certPath: '/s/certs/a.gw.test/AB01/fullchain.pem',
+      keyPath: '/s/certs/a.gw.test/AB01/privkey.pem',
+    });
     const renewed = certificateOutputsOf({ ...info, cert: { ...info.cert, serial: 'AB02' } }, '/s/certs');
     expect(certFromTlsOutputs('a.gw.test', snapshot('True', msg, renewed))?.certPath).toBe('/s/certs/a.gw.test/AB02/fullchain.pem');
     expect(certFromTlsOutputs('a.gw.test', snapshot('False', msg, outputs))).toBeNull();
@@ -116,7 +151,14 @@ describe('certificate outputs, as Nginx reads them', () => {
   it('no certificate served → null paths, whatever the message says', () => {
     const info = { domain: 'a.gw.test', cert: null, issuing: false, failedAttempts: 2, nextAttemptTime: 5000 };
     const outputs = certificateOutputsOf(info, '/s/certs');
-    expect(outputs).toMatchObject({ serial: null, certPath: null, keyPath: null, notAfter: null, failedAttempts: 2, nextAttemptTime: new Date(5000).toISOString() });
+    expect(outputs).toMatchObject({
+      serial: null,
+      certPath: null,
+      keyPath: null,
+      notAfter: null,
+      failedAttempts: 2,
+      nextAttemptTime: new Date(5000).toISOString(),
+    });
     expect(certFromTlsOutputs('a.gw.test', snapshot('True', 'serial AB01; notAfter x; renewalTime y', outputs))).toBeNull();
   });
 });

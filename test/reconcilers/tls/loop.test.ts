@@ -42,7 +42,14 @@ function docFor(domains: string[], acme: Partial<Acme>): ProxyState {
   return state;
 }
 
-function rig(o: { pebble: TestPebble; domains: string[]; acme?: Partial<Acme>; stateDir?: string; clock?: FakeClock; resyncIntervalMs?: number }): Rig {
+function rig(o: {
+  pebble: TestPebble;
+  domains: string[];
+  acme?: Partial<Acme>;
+  stateDir?: string;
+  clock?: FakeClock;
+  resyncIntervalMs?: number;
+}): Rig {
   const stateDir = o.stateDir ?? join(scratch, `state-${++n}`);
   const clock = o.clock ?? new FakeClock(Date.now());
   const logs: string[] = [];
@@ -61,7 +68,8 @@ function rig(o: { pebble: TestPebble; domains: string[]; acme?: Partial<Acme>; s
     logger,
     ...(o.resyncIntervalMs ? { resyncIntervalMs: o.resyncIntervalMs } : {}),
   });
-  const cond = (domain: string, type: 'Ready' | 'Issuing') => controller.statuses().loops.tls?.objects[domain]?.conditions.find((c) => c.type === type);
+  const cond = (domain: string, type: 'Ready' | 'Issuing') =>
+    controller.statuses().loops.tls?.objects[domain]?.conditions.find((c) => c.type === type);
   const out = (domain: string) => certificateOutputs(controller.statuses(), domain);
   return { stateDir, clock, loop, controller, logs, state, cond, out };
 }
@@ -102,9 +110,13 @@ describe('TLS loop with certbot and Pebble', () => {
     const out = r.out('svc1.gw.test');
     expect(out?.serial).toBe(leaf.serialNumber.toUpperCase());
     expect(out?.notAfter).toBe(new Date(leaf.validTo).toISOString());
-    expect(r.cond('svc1.gw.test', 'Ready')?.message).toBe(`serial ${out!.serial}; notAfter ${out!.notAfter}; renewalTime ${out!.renewalTime}`);
+    expect(r.cond('svc1.gw.test', 'Ready')?.message).toBe(
+      `serial ${out!.serial}; notAfter ${out!.notAfter}; renewalTime ${out!.renewalTime}`,
+    );
     expect(statSync(join(r.stateDir, 'certbot', 'config')).mode & 0o077).toBe(0);
-    const issued = r.logs.map((l) => JSON.parse(l) as { msg: string; durationMs?: number }).find((l) => l.msg === 'certificate for svc1.gw.test issued');
+    const issued = r.logs
+      .map((l) => JSON.parse(l) as { msg: string; durationMs?: number })
+      .find((l) => l.msg === 'certificate for svc1.gw.test issued');
     expect(issued?.durationMs).toBeGreaterThan(0);
 
     // A second pass changes nothing and runs no certbot.
@@ -139,7 +151,10 @@ describe('TLS loop with certbot and Pebble', () => {
     expect(r.loop.certbotRuns()).toBe(2);
     const second = r.out('renew.gw.test')!;
     expect(second.serial).not.toBe(first.serial);
-    expect(r.cond('renew.gw.test', 'Ready')).toMatchObject({ status: 'True', message: expect.stringContaining(`serial ${second.serial};`) });
+    expect(r.cond('renew.gw.test', 'Ready')).toMatchObject({
+      status: 'True',
+      message: expect.stringContaining(`serial ${second.serial};`),
+    });
     const pathsAfter = certFromTlsOutputs('renew.gw.test', r.controller.statuses());
     expect(pathsAfter).not.toEqual(pathsBefore);
     expect((await servedCert(r, pebble, 'renew.gw.test')).serialNumber.toUpperCase()).toBe(second.serial);
@@ -201,9 +216,13 @@ describe('TLS loop when the ACME server is down', () => {
     a.clock.advance(MIN);
     await b.controller.start();
     expect(b.loop.certbotRuns()).toBe(0);
-    expect(b.cond('again.gw.test', 'Ready')?.message).toContain(`failedAttempts 2; lastFailureTime ${new Date(t0 + MIN).toISOString()}; nextAttemptTime ${new Date(t0 + 6 * MIN).toISOString()}`);
+    expect(b.cond('again.gw.test', 'Ready')?.message).toContain(
+      `failedAttempts 2; lastFailureTime ${new Date(t0 + MIN).toISOString()}; nextAttemptTime ${new Date(t0 + 6 * MIN).toISOString()}`,
+    );
     const plan = await b.controller.dryRun(b.state);
-    expect(plan.tls?.[0]?.summary).toContain(`next attempt at ${new Date(t0 + 6 * MIN).toISOString()}; backoff allows 3 attempt(s) in the next hour`);
+    expect(plan.tls?.[0]?.summary).toContain(
+      `next attempt at ${new Date(t0 + 6 * MIN).toISOString()}; backoff allows 3 attempt(s) in the next hour`,
+    );
     for (let i = 0; i < 3; i++) {
       b.clock.advance(MIN);
       await b.controller.whenIdle();
@@ -218,9 +237,17 @@ describe('TLS loop when the ACME server is down', () => {
 
   it('a domain that does not resolve is DNSNotReady and spends no attempt', async () => {
     const stateDir = join(scratch, 'dns');
-    const loop = createTlsLoop({ stateDir, acmeWebroot: join(stateDir, 'acme'), resolve: async () => Promise.reject(Object.assign(new Error('nx'), { code: 'ENOTFOUND' })) });
+    const loop = createTlsLoop({
+      stateDir,
+      acmeWebroot: join(stateDir, 'acme'),
+      resolve: async () => Promise.reject(Object.assign(new Error('nx'), { code: 'ENOTFOUND' })),
+    });
     const state = docFor(['nowhere.gw.test'], { server: down.directoryUrl });
-    const controller = new Controller({ loops: [loop as unknown as AnyLoop], getSpec: () => ({ state, generation: 1 }), clock: new FakeClock(Date.now()) });
+    const controller = new Controller({
+      loops: [loop as unknown as AnyLoop],
+      getSpec: () => ({ state, generation: 1 }),
+      clock: new FakeClock(Date.now()),
+    });
     await controller.start();
     await controller.stop();
     expect(loop.certbotRuns()).toBe(0);
@@ -249,7 +276,9 @@ describe('TLS loop with many domains whose DNS is not there yet', () => {
     await controller.whenIdle();
     expect(loop.backoffWrites()).toBe(2);
     await controller.stop();
-    const onDisk = JSON.parse(readFileSync(join(stateDir, 'tls-backoff.json'), 'utf8')) as { domains: Record<string, { lastReason?: string }> };
+    const onDisk = JSON.parse(readFileSync(join(stateDir, 'tls-backoff.json'), 'utf8')) as {
+      domains: Record<string, { lastReason?: string }>;
+    };
     expect(Object.keys(onDisk.domains).sort()).toEqual([...domains].sort());
     expect(Object.values(onDisk.domains).every((e) => e.lastReason === 'DNSNotReady')).toBe(true);
 

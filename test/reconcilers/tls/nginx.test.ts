@@ -55,9 +55,16 @@ beforeAll(async () => {
   state = emptyState();
   state.spec.acme = { server: pebble.directoryUrl };
   state.spec.projects = [{ name: 'main' }];
-  state.spec.services = [service({ run: 'web', domain: DOMAIN, https: true, replicas: [{ id: 'r1', appPort: port, direct: { host: '127.0.0.1', port } }] })];
+  state.spec.services = [
+    service({ run: 'web', domain: DOMAIN, https: true, replicas: [{ id: 'r1', appPort: port, direct: { host: '127.0.0.1', port } }] }),
+  ];
   clock = new FakeClock(Date.now());
-  tls = createTlsLoop({ stateDir: tmp.dir, acmeWebroot: ng.acmeWebroot, env: { REQUESTS_CA_BUNDLE: pebble.caPath }, resolve: async () => ['127.0.0.1'] });
+  tls = createTlsLoop({
+    stateDir: tmp.dir,
+    acmeWebroot: ng.acmeWebroot,
+    env: { REQUESTS_CA_BUNDLE: pebble.caPath },
+    resolve: async () => ['127.0.0.1'],
+  });
   const nginx = createNginxLoop({
     confDir: ng.paths.confDir,
     mainConfPath: ng.paths.confPath,

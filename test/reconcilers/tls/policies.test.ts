@@ -34,12 +34,25 @@ const broken: CertCheck = { ok: false, reason: 'Invalid', message: 'the certific
 const gone: CertCheck = { ok: false, reason: 'Expired', message: 'the certificate expired at …' };
 
 function input(over: Partial<DomainInput> = {}): DomainInput {
-  return { domain: 'a.gw.test', now: T0, acmeKey: 'k', lineage: missing, published: false, backoff: undefined, orders: [], limits: DEFAULT_LIMITS, ...over };
+  return {
+    domain: 'a.gw.test',
+    now: T0,
+    acmeKey: 'k',
+    lineage: missing,
+    published: false,
+    backoff: undefined,
+    orders: [],
+    limits: DEFAULT_LIMITS,
+    ...over,
+  };
 }
 
 const failedOnce = recordFailure(undefined, { at: T0 - 30_000, error: 'refused', acmeKey: 'k' }); // next at T0 + 30 s
 const dnsChecked = recordDnsNotReady(undefined, { at: T0 - 10_000, error: 'nx', acmeKey: 'k' }); // next at T0 + 20 s
-const fiveThisHour: DomainBackoff = { failedAttempts: 0, attempts: [T0 - 50 * MIN, T0 - 40 * MIN, T0 - 30 * MIN, T0 - 20 * MIN, T0 - 10 * MIN] };
+const fiveThisHour: DomainBackoff = {
+  failedAttempts: 0,
+  attempts: [T0 - 50 * MIN, T0 - 40 * MIN, T0 - 30 * MIN, T0 - 20 * MIN, T0 - 10 * MIN],
+};
 const fullOrders = Array.from({ length: 300 }, (_, i) => T0 - 2 * HOUR + i * 1_000);
 
 describe('trigger policies', () => {
@@ -74,9 +87,19 @@ describe('hold policies', () => {
     ['backingOff is over at its time', backingOff, { backoff: failedOnce, now: T0 + 30_000 }, null],
     ['backingOff leaves a DNS re-check to dnsNotReady', backingOff, { backoff: dnsChecked }, null],
     ['dnsNotReady until the re-check', dnsNotReady, { backoff: dnsChecked }, { reason: 'DNSNotReady', until: T0 + 20_000 }],
-    ['dnsNotReady holds whatever the ACME settings', dnsNotReady, { backoff: dnsChecked, acmeKey: 'other' }, { reason: 'DNSNotReady', until: T0 + 20_000 }],
+    [
+      'dnsNotReady holds whatever the ACME settings',
+      dnsNotReady,
+      { backoff: dnsChecked, acmeKey: 'other' },
+      { reason: 'DNSNotReady', until: T0 + 20_000 },
+    ],
     ['dnsNotReady leaves failures to backingOff', dnsNotReady, { backoff: failedOnce }, null],
-    ['domainRateLimit: five attempts in the hour', domainRateLimit, { backoff: fiveThisHour }, { reason: 'DomainRateLimit', until: T0 + 10 * MIN }],
+    [
+      'domainRateLimit: five attempts in the hour',
+      domainRateLimit,
+      { backoff: fiveThisHour },
+      { reason: 'DomainRateLimit', until: T0 + 10 * MIN },
+    ],
     ['domainRateLimit: four are fine', domainRateLimit, { backoff: { ...fiveThisHour, attempts: fiveThisHour.attempts.slice(1) } }, null],
     ['orderRateLimit: 300 orders in 3 h', orderRateLimit, { orders: fullOrders }, { reason: 'OrderRateLimit', until: T0 + HOUR }],
     ['orderRateLimit: 299 are fine', orderRateLimit, { orders: fullOrders.slice(1) }, null],
@@ -87,7 +110,13 @@ describe('hold policies', () => {
   it('the hold that ends last wins; on a tie, the first in the chain', () => {
     const both: DomainBackoff = { ...failedOnce, attempts: fiveThisHour.attempts };
     expect(latestHold(input({ backoff: both }))).toEqual({ reason: 'DomainRateLimit', until: T0 + 10 * MIN });
-    const tie: DomainBackoff = { ...fiveThisHour, failedAttempts: 1, lastReason: 'IssueFailed', acmeKey: 'k', nextAttemptTime: T0 + 10 * MIN };
+    const tie: DomainBackoff = {
+      ...fiveThisHour,
+      failedAttempts: 1,
+      lastReason: 'IssueFailed',
+      acmeKey: 'k',
+      nextAttemptTime: T0 + 10 * MIN,
+    };
     expect(latestHold(input({ backoff: tie }))).toEqual({ reason: 'BackingOff', until: T0 + 10 * MIN });
     expect(latestHold(input())).toBeNull();
   });
@@ -103,9 +132,19 @@ describe('decide', () => {
     ['a valid, served certificate → nothing', { lineage: c, published: true }, 'none', null],
     ['a valid certificate not served yet → publish', { lineage: c, published: false }, 'publish', null],
     ['two thirds of the lifetime passed → renew', { lineage: c, published: true, now: renewalTime }, 'renew', 'RenewalDue'],
-    ['renewal due, not served yet → renew (the new one is published)', { lineage: c, published: false, now: renewalTime }, 'renew', 'RenewalDue'],
+    [
+      'renewal due, not served yet → renew (the new one is published)',
+      { lineage: c, published: false, now: renewalTime },
+      'renew',
+      'RenewalDue',
+    ],
     ['no certificate, backing off → wait', { backoff: failedOnce }, 'wait', 'Missing'],
-    ['renewal due, backing off → wait', { lineage: c, published: true, now: renewalTime, backoff: { ...failedOnce, nextAttemptTime: renewalTime + MIN } }, 'wait', 'RenewalDue'],
+    [
+      'renewal due, backing off → wait',
+      { lineage: c, published: true, now: renewalTime, backoff: { ...failedOnce, nextAttemptTime: renewalTime + MIN } },
+      'wait',
+      'RenewalDue',
+    ],
     ['a served certificate is never held back by a backoff', { lineage: c, published: true, backoff: failedOnce }, 'none', null],
     ['DNS re-check not due → wait', { backoff: dnsChecked }, 'wait', 'Missing'],
     ['DNS re-check due → issue', { backoff: dnsChecked, now: T0 + 20_000 }, 'issue', 'Missing'],
