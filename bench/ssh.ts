@@ -10,7 +10,7 @@ import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { Balancer } from '../src/reconcilers/ssh/index.js';
+import { socketPathFor } from '../src/dataplane/index.js';
 import { emptyState, type ProxyState } from '../src/spec/types.js';
 import { eventually, startTestNginx } from '../test/helpers/nginx.js';
 import { freePorts } from '../test/helpers/ports.js';
@@ -102,7 +102,7 @@ async function p5Rows(): Promise<Row[]> {
     ];
     const stateDir = join(tmp.dir, 'gw');
     tunnels = await startChild(state, stateDir, 30_000);
-    const ssh2Sock = new Balancer({ socketDir: join(stateDir, 'sockets') }).socketPathFor('bench/app');
+    const ssh2Sock = socketPathFor(join(stateDir, 'sockets'), 'bench/app');
 
     // OpenSSH: ssh -L <unix socket>:127.0.0.1:<app>, its default cipher (chacha20-poly1305).
     const keyFile = join(tmp.dir, 'ssh', 'client_ed25519');

@@ -64,6 +64,13 @@ export const LAYERS = [
     mayImport: ['spec', 'ground'],
   },
   {
+    name: 'dataplane',
+    paths: ['src/dataplane/'],
+    holds:
+      "the data plane's core: replicas and their upstream pools, the per-request choice, the balancer sockets Nginx connects to, the errors every client-facing path answers with",
+    mayImport: ['http1', 'spec', 'ground'],
+  },
+  {
     name: 'controller',
     paths: ['src/reconcilers/*.ts'],
     holds: 'the loop contract, the controller (queue, backoff, conditions), status and typed outputs',
@@ -73,13 +80,13 @@ export const LAYERS = [
     name: 'loop',
     paths: ['src/reconcilers/*/'],
     holds: 'one folder per loop: nginx, tls, ssh',
-    mayImport: ['controller', 'spec', 'stats', 'ground'],
+    mayImport: ['controller', 'dataplane', 'spec', 'stats', 'ground'],
   },
   {
-    name: 'data plane',
-    paths: ['src/server-proxy/', 'src/models/', 'src/dataplane/'],
-    holds: 'the in-server reverse proxy, the OpenAI-compatible model API, upstream pools',
-    mayImport: ['data plane', 'http1', 'stats', 'auth', 'spec', 'ground'],
+    name: 'front ends',
+    paths: ['src/server-proxy/', 'src/models/'],
+    holds: 'the in-server reverse proxy and the OpenAI-compatible model API, on the data plane',
+    mayImport: ['front ends', 'dataplane', 'http1', 'stats', 'auth', 'spec', 'ground'],
   },
   {
     name: 'api',
@@ -91,13 +98,13 @@ export const LAYERS = [
     name: 'daemon',
     paths: ['src/daemon/', 'src/gateway/'],
     holds: '`assemble(profile)` and its two profiles, the gateway and the in-server proxy',
-    mayImport: ['daemon', 'api', 'data plane', 'loop', 'controller', 'state', 'auth', 'stats', 'http1', 'spec', 'ground'],
+    mayImport: ['daemon', 'api', 'front ends', 'dataplane', 'loop', 'controller', 'state', 'auth', 'stats', 'http1', 'spec', 'ground'],
   },
   {
     name: 'cli',
     paths: ['src/cli/'],
     holds: 'the commands',
-    mayImport: ['daemon', 'api', 'data plane', 'loop', 'controller', 'state', 'auth', 'stats', 'http1', 'spec', 'ground'],
+    mayImport: ['daemon', 'api', 'front ends', 'dataplane', 'loop', 'controller', 'state', 'auth', 'stats', 'http1', 'spec', 'ground'],
   },
   {
     name: 'main',

@@ -24,6 +24,12 @@ export const ERRORS = {
   DP_ERR_BAD_OPTION: { status: 500, message: 'Invalid option' },
   DP_ERR_OPEN_API: { status: 500, message: 'The management API would be open on a non-loopback address' },
   DP_ERR_DUPLICATE_HOST: { status: 400, message: 'The request has more than one Host header' },
+  DP_ERR_NO_READY_REPLICA: { status: 503, message: 'The service has no ready replica' },
+  DP_ERR_UPSTREAM_FAILED: { status: 502, message: 'Error requesting upstream' },
+  DP_ERR_UPSTREAM_TIMEOUT: { status: 504, message: 'Timed out requesting upstream' },
+  DP_ERR_BODY_TOO_LARGE: { status: 413, message: 'The request body is larger than the limit' },
+  DP_ERR_CLIENT_CLOSED: { status: 499, message: 'The client closed the connection' },
+  DP_ERR_BAD_REQUEST: { status: 400, message: 'The request could not be parsed' },
 } as const satisfies Record<string, ErrorDef>;
 
 export type ErrorCode = keyof typeof ERRORS;

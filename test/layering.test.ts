@@ -61,7 +61,7 @@ describe('the layering checker', () => {
   it('places a file in its layer and unit: each loop folder is a unit of its own', () => {
     expect(placeOf('src/reconcilers/nginx/render.ts')).toMatchObject({ layer: { name: 'loop' }, unit: 'src/reconcilers/nginx/' });
     expect(placeOf('src/reconcilers/controller.ts')).toMatchObject({ layer: { name: 'controller' }, unit: 'src/reconcilers/' });
-    expect(placeOf('src/server-proxy/raw/connection.ts')).toMatchObject({ layer: { name: 'data plane' }, unit: 'src/server-proxy/' });
+    expect(placeOf('src/server-proxy/raw/connection.ts')).toMatchObject({ layer: { name: 'front ends' }, unit: 'src/server-proxy/' });
     expect(placeOf('src/clock.ts')).toMatchObject({ layer: { name: 'ground' }, unit: 'src/clock.ts' });
     expect(placeOf('src/somewhere-new/x.ts')).toBeUndefined();
   });
@@ -70,15 +70,15 @@ describe('the layering checker', () => {
     expect(
       lines([
         edge('src/reconcilers/tls/status.ts', 'src/reconcilers/nginx/view.ts', true),
-        edge('src/server-proxy/upstream.ts', 'src/reconcilers/ssh/balancer.ts'),
+        edge('src/server-proxy/upstream.ts', 'src/reconcilers/ssh/loop.ts'),
         edge('src/models/plugin.ts', 'src/api/auth.ts'),
         edge('src/spec/keys.ts', 'src/state/store.ts'),
         edge('src/errors.ts', 'src/spec/types.ts'),
       ]),
     ).toEqual([
       'src/reconcilers/tls/status.ts → src/reconcilers/nginx/view.ts (a loop never imports another loop)',
-      'src/server-proxy/upstream.ts → src/reconcilers/ssh/balancer.ts (data plane may not import loop; it may import data plane, http1, stats, auth, spec, ground)',
-      'src/models/plugin.ts → src/api/auth.ts (data plane may not import api; it may import data plane, http1, stats, auth, spec, ground)',
+      'src/server-proxy/upstream.ts → src/reconcilers/ssh/loop.ts (front ends may not import loop; it may import front ends, dataplane, http1, stats, auth, spec, ground)',
+      'src/models/plugin.ts → src/api/auth.ts (front ends may not import api; it may import front ends, dataplane, http1, stats, auth, spec, ground)',
       'src/spec/keys.ts → src/state/store.ts (spec may not import state; it may import ground)',
       'src/errors.ts → src/spec/types.ts (ground may not import spec; it may import ground)',
     ]);

@@ -21,7 +21,7 @@ import type { Clock } from '../clock.js';
 import { ProxyError } from '../errors.js';
 import { connectForwarder, fileFirstSeenStore, registerModelApi } from '../models/index.js';
 import type { Controller } from '../reconcilers/controller.js';
-import { createSshLoop, NoReadyReplicaError, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
+import { createSshLoop, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import type { Authorize } from '../server-proxy/admit.js';
 import { registerServerProxy, type ServerProxy } from '../server-proxy/plugin.js';
 import type { ConnectFn } from '../server-proxy/upstream.js';
@@ -147,7 +147,7 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
         : noServerAuth;
       d.defer(() => auth.close());
       const authorize: Authorize = deps.authorize ?? ((project, token) => auth.check(project, token));
-      const connect = balancerConnect(ssh);
+      const connect: ConnectFn = (key) => ssh.replicas.open(key);
       const models = connectForwarder(connect);
       d.defer(() => models.close());
       const getState = (): ProxyState => d.current().state;
@@ -195,23 +195,4 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
   const [url, apiUrl = url] = daemon.urls as [string, string?];
   const { store, controller, current, close } = daemon;
   return { app, url, apiApp, apiUrl, store, controller, ssh, proxy: proxy!, current, close };
-}
-
-/**
- * balancer.connect, with one refinement: when Ready replicas existed but every one refused,
- * that is the replica's failure (502), not "no Ready replica" (503). The balancer does not say
- * which it was, so the open-failure counter tells (a concurrent failure may be misattributed).
- */
-function balancerConnect(ssh: SshLoop): ConnectFn {
-  return async (key) => {
-    const before = ssh.balancer.stats.openFailures;
-    try {
-      return await ssh.balancer.connect(key);
-    } catch (err) {
-      if (err instanceof NoReadyReplicaError && ssh.balancer.stats.openFailures > before) {
-        throw Object.assign(new Error(`every Ready replica of ${key} refused the connection`), { status: 502 });
-      }
-      throw err;
-    }
-  };
 }

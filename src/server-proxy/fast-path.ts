@@ -17,7 +17,7 @@ import { maxHeaderSize as defaultMaxHeaderSize, type IncomingMessage, type Serve
 import type { Socket } from 'node:net';
 import { Server as TlsServer } from 'node:tls';
 import type { Logger } from 'pino';
-import { sendDetail } from './detail.js';
+import { sendDetail } from '../dataplane/detail.js';
 import { plainIp } from './headers.js';
 import { proxyHttp, type HttpProxyContext, type ProxyRequest, type ProxyResponse } from './http-proxy.js';
 import { SERVICES_PATH } from './paths.js';

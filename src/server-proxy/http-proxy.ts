@@ -21,7 +21,7 @@ import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import type { Logger } from 'pino';
 import { hasDuplicateHost, withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
-import { hasBody, sendDetail } from './detail.js';
+import { hasBody, sendDetail } from '../dataplane/detail.js';
 import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
 import type { InProcessStats } from './stats.js';

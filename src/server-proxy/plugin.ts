@@ -16,7 +16,7 @@ import type { Logger } from 'pino';
 import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { ServiceIndex, type Authorize } from './admit.js';
-import { rawDetail, sendDetail } from './detail.js';
+import { rawDetail, sendDetail } from '../dataplane/detail.js';
 import { plainIp } from './headers.js';
 import { installFastPath } from './fast-path.js';
 import { proxyHttp, type HttpProxyContext } from './http-proxy.js';

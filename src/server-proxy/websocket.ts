@@ -11,7 +11,7 @@ import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
 import { hasDuplicateHost } from '../http1/index.js';
 import { admit } from './admit.js';
-import { rawDetail, rawReply } from './detail.js';
+import { rawDetail, rawReply } from '../dataplane/detail.js';
 import { upstreamRequestHeaders } from './headers.js';
 import type { HttpProxyContext } from './http-proxy.js';
 import { parseProxyTarget, upstreamTarget } from './paths.js';

@@ -4,7 +4,7 @@
 
 import { randomBytes } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { parseRequestHead, type HeadResult, type RequestHead } from '../../src/server-proxy/raw/request-head.js';
+import { parseRequestHead, type HeadResult, type RequestHead } from '../../src/http1/request-head.js';
 
 const MAX = 8192;
 

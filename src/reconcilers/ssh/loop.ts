@@ -30,7 +30,7 @@ import {
   type StatusSnapshot,
   type StatusWriter,
 } from '../types.js';
-import { Balancer, type Upstream } from './balancer.js';
+import { Balancer, Replicas, type ReplicasOptions, type Upstream } from '../../dataplane/index.js';
 import { HostKeyBook } from './host-keys.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
@@ -75,6 +75,8 @@ export interface SshLoopOptions {
   algorithms?: Algorithms;
   clock?: Clock;
   random?: () => number;
+  /** The replicas' upstream pools: read timeout, keep-alive, connections per replica. */
+  replicas?: Pick<ReplicasOptions, 'readTimeoutMs' | 'keepAliveTimeoutMs' | 'connectionsPerReplica' | 'logger'>;
 }
 
 export interface SshLoopStats {
@@ -90,11 +92,13 @@ interface Held {
 }
 
 export interface SshLoop extends Loop<SshDesired, ObservedSsh, SshPayload> {
-  /** The sockets and their replicas: the in-server proxy connects through it. */
+  /** The sockets Nginx connects to. */
   readonly balancer: Balancer;
+  /** The replicas in rotation and the per-request choice: the in-server proxy sends through it. */
+  readonly replicas: Replicas;
   /** Drains in the background, which no status shows (the replica has left the document). */
   readonly stats: Readonly<SshLoopStats>;
-  /** Open connections through a replica in rotation (0 when unknown). */
+  /** Requests in flight through a replica in rotation (0 when unknown). */
   activeConnections(replicaId: string): number;
   /** Closes every socket and connection at once; the controller calls it after stop(). Idempotent. */
   close(): Promise<void>;
@@ -106,10 +110,15 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const clock = o.clock ?? systemClock;
   const random = o.random ?? Math.random;
   const reconnect = backoffPolicy({ baseMs: 1_000, factor: 2, maxMs: 60_000, jitter: 0.2, ...o.reconnect });
-  const balancer = new Balancer({
-    socketDir: o.socketDir ?? join(o.stateDir, 'sockets'),
+  const replicas = new Replicas({
     random,
     clock,
+    ...(o.connectTimeoutMs !== undefined ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
+    ...o.replicas,
+  });
+  const balancer = new Balancer({
+    socketDir: o.socketDir ?? join(o.stateDir, 'sockets'),
+    replicas,
     ...(o.socketMode !== undefined ? { socketMode: o.socketMode } : {}),
     ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
     ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),
@@ -184,7 +193,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       h = { desired: d, tunnel, upstream: tunnel, state: () => tunnel.state };
     }
     held.set(d.id, h);
-    balancer.setReplica(d.serviceKey, d.id, h.upstream);
+    replicas.set(d.serviceKey, d.id, h.upstream);
     report(d, h.state(), ctx.status);
     h.tunnel?.start();
   };
@@ -192,10 +201,10 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   /** Takes a replica out of rotation at once; its open connections drain in the background. */
   const dropReplica = (id: string, serviceKey: string): void => {
     const h = held.get(id);
-    balancer.removeReplica(serviceKey, id); // out of rotation at once
+    replicas.remove(serviceKey, id); // out of rotation at once
     if (!h) return;
     held.delete(id);
-    const p = balancer.drain(h.upstream, drainMs).then(() => h.tunnel?.close());
+    const p = replicas.drain(h.upstream, drainMs).then(() => h.tunnel?.close());
     draining.add(p);
     stats.draining = draining.size;
     void p.finally(() => {
@@ -221,6 +230,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     name: SSH_LOOP,
     ...(o.routedBy ? { watches: [o.routedBy] } : {}),
     balancer,
+    replicas,
     stats,
 
     start(h: LoopHandle): void {
@@ -343,7 +353,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
 
     activeConnections(replicaId: string): number {
       const h = held.get(replicaId);
-      return h ? balancer.activeConnections(h.upstream) : 0;
+      return h ? replicas.inFlight(h.upstream) : 0;
     },
 
     close(): Promise<void> {
@@ -352,7 +362,8 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         for (const h of held.values()) h.tunnel?.close();
         held.clear();
         retiring.clear();
-        await balancer.close(); // destroys open connections: drains end at once
+        await balancer.close();
+        await replicas.close(); // destroys open connections: drains end at once
         await Promise.all(draining);
       })();
       return closing;

@@ -22,7 +22,7 @@ import { headerObject } from '../../http1/field.js';
 import { plainIp } from '../headers.js';
 import type { ProxyRequest, ProxyResponse } from '../http-proxy.js';
 import { SERVICES_PATH } from '../paths.js';
-import { parseRequestHead, type RequestHead } from './request-head.js';
+import { parseRequestHead, type RequestHead } from '../../http1/request-head.js';
 
 /** A body up to this size is read whole and sent as one Buffer; a larger one goes to Node's server. */
 export const MAX_BUFFERED_BODY = 64 * 1024;

@@ -8,7 +8,7 @@ import { mkdirSync, statSync, writeFileSync } from 'node:fs';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Balancer, type Upstream } from '../../../src/reconcilers/ssh/balancer.js';
+import { Balancer, Replicas, type Upstream } from '../../../src/dataplane/index.js';
 import { coalesceWrites } from '../../../src/reconcilers/ssh/ssh-chain.js';
 import { pooledRandomFill } from '../../../src/ssh2.js';
 import { tmpDir } from '../../helpers/tmp.js';
@@ -100,7 +100,8 @@ describe('splice through the balancer socket', () => {
     echo = createServer({ allowHalfOpen: true }, (s) => s.pipe(s));
     await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
     const port = (echo.address() as { port: number }).port;
-    balancer = new Balancer({ socketDir: tmp.dir });
+    const replicas = new Replicas();
+    balancer = new Balancer({ socketDir: tmp.dir, replicas });
     const upstream: Upstream = {
       isReady: () => true,
       open: () =>
@@ -110,7 +111,7 @@ describe('splice through the balancer socket', () => {
           s.once('error', reject);
         }),
     };
-    balancer.setReplica('p/svc', 'r1', upstream);
+    replicas.set('p/svc', 'r1', upstream);
     expect(await balancer.listenAll(['p/svc'])).toEqual(new Map());
   });
   afterAll(async () => {
@@ -139,7 +140,7 @@ describe('Balancer.listenAll', () => {
   let balancer: Balancer;
   beforeAll(() => {
     tmp = tmpDir('dp-listen-');
-    balancer = new Balancer({ socketDir: join(tmp.dir, 'sockets') });
+    balancer = new Balancer({ socketDir: join(tmp.dir, 'sockets'), replicas: new Replicas() });
   });
   afterAll(async () => {
     await balancer.close();

@@ -3,7 +3,6 @@
 import { describe, expect, it } from 'vitest';
 import { createSshLoop } from '../../../src/reconcilers/ssh/index.js';
 import { HostKeyBook, sha256Fingerprint } from '../../../src/reconcilers/ssh/host-keys.js';
-import { unavailableResponse } from '../../../src/reconcilers/ssh/balancer.js';
 import { desiredFromSpec, describeTarget } from '../../../src/reconcilers/ssh/targets.js';
 import type { StatusSnapshot } from '../../../src/reconcilers/types.js';
 import { specOf } from './harness.js';
@@ -154,14 +153,4 @@ describe('host keys', () => {
     expect(book.check('a:22', k1, `${fp}=`).ok).toBe(true);
     expect(book.check('a:22', k2, fp).ok).toBe(false);
   });
-});
-
-it('the 503 response is complete HTTP/1.1 with a JSON body', () => {
-  const r = unavailableResponse('Service main/app has no ready replica');
-  expect(r).toMatch(/^HTTP\/1\.1 503 Service Unavailable\r\n/);
-  expect(r).toContain('Content-Type: application/json\r\n');
-  expect(r).toContain('Connection: close\r\n');
-  const [, body] = r.split('\r\n\r\n');
-  expect(r).toContain(`Content-Length: ${Buffer.byteLength(body!)}\r\n`);
-  expect(JSON.parse(body!)).toEqual({ detail: 'Service main/app has no ready replica' });
 });

@@ -126,7 +126,7 @@ describe('rotation', () => {
   it('a removed replica receives no new connection; its open ones keep working until they close', async () => {
     // Least connections: three in-process connections land on three different replicas.
     await eventually(() => (['ra', 'rb', 'rc'].every((id) => h.loop.activeConnections(id) === 0) ? true : undefined));
-    const streams = await Promise.all([0, 1, 2].map(() => h.loop.balancer.connect(SK)));
+    const streams = await Promise.all([0, 1, 2].map(() => h.loop.replicas.open(SK)));
     expect(['ra', 'rb', 'rc'].map((id) => h.loop.activeConnections(id))).toEqual([1, 1, 1]);
     await h.put(specOf(key.privateKey, { app: [replica('ra', a, 0), replica('rb', b, 1)] }));
     expect(h.conditions(SK, 'rc')).toBeUndefined();

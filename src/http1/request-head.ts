@@ -6,7 +6,7 @@
 // doubt is an error carrying the status to answer with. One pass over one latin1 string; nothing
 // past the head's CRLFCRLF (a body, a pipelined request) is read.
 
-import { fieldValue, isOws, sameLower } from '../../http1/field.js';
+import { fieldValue, isOws, sameLower } from './field.js';
 
 /** A complete, valid request head. */
 export interface RequestHead {

@@ -1,0 +1,204 @@
+// The sockets Nginx connects to: one listening Unix socket per service, whose connections are
+// relayed to the service's replicas (replicas.ts makes the choice). With no replica to take a
+// connection the client gets the catalog's JSON answer.
+
+import { createHash } from 'node:crypto';
+import { chmod, chown, mkdir, unlink } from 'node:fs/promises';
+import { createServer, type Server, type Socket } from 'node:net';
+import { join } from 'node:path';
+import { STATUS_CODES } from 'node:http';
+import type { Duplex } from 'node:stream';
+import type { Logger } from 'pino';
+import { statusFor } from './errors.js';
+import type { Replicas } from './replicas.js';
+
+export interface BalancerOptions {
+  socketDir: string;
+  /** The replicas requests are sent to. */
+  replicas: Replicas;
+  /** Default 0o660 when socketGid is set, else 0o600. */
+  socketMode?: number;
+  /** chown the sockets to this user / group (the Nginx worker's). */
+  socketUid?: number;
+  socketGid?: number;
+  logger?: Logger;
+}
+
+export interface BalancerStats {
+  accepted: number;
+  unavailable: number;
+}
+
+/** The socket of a service under `socketDir`; stable for a given key. Short, so it fits sun_path (108 bytes). */
+export function socketPathFor(socketDir: string, serviceKey: string): string {
+  const slug = serviceKey.replace(/[^A-Za-z0-9_-]/g, '.').slice(0, 40);
+  const h = createHash('sha256').update(serviceKey).digest('hex').slice(0, 8);
+  return join(socketDir, `${slug}.${h}.sock`);
+}
+
+export class Balancer {
+  readonly stats: BalancerStats = { accepted: 0, unavailable: 0 };
+  readonly #o: BalancerOptions;
+  readonly #servers = new Map<string, Server>();
+  /** Accepted connections, closed with the balancer. */
+  readonly #clients = new Set<Socket>();
+  readonly #binding = new Map<string, Promise<void>>();
+
+  constructor(o: BalancerOptions) {
+    this.#o = o;
+  }
+
+  /** The socket of a service; stable for a given key. Short, so it fits sun_path (108 bytes). */
+  socketPathFor(serviceKey: string): string {
+    return socketPathFor(this.#o.socketDir, serviceKey);
+  }
+
+  listening(): string[] {
+    return [...this.#servers.keys()];
+  }
+
+  /**
+   * Binds the sockets of services (replacing stale files; idempotent), many at once on a cold
+   * start of 1,000s: the directory is made once and several binds are in flight. Returns the
+   * error of each key that failed.
+   */
+  async listenAll(serviceKeys: readonly string[], concurrency = 16): Promise<Map<string, unknown>> {
+    const failed = new Map<string, unknown>();
+    const todo = serviceKeys.filter((k) => !this.#servers.has(k));
+    if (todo.length === 0) return failed;
+    await mkdir(this.#o.socketDir, { recursive: true, mode: 0o755 });
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < todo.length) {
+        const key = todo[next++]!;
+        // A bind of this key already in flight (listenAll() called again meanwhile) is joined, not repeated.
+        let binding = this.#binding.get(key);
+        if (!binding) {
+          binding = this.#bind(key).finally(() => this.#binding.delete(key));
+          this.#binding.set(key, binding);
+        }
+        await binding.catch((err: unknown) => failed.set(key, err));
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(concurrency, todo.length) }, worker));
+    return failed;
+  }
+
+  async #bind(serviceKey: string): Promise<void> {
+    const path = this.socketPathFor(serviceKey);
+    // pauseOnConnect: no read is started (and stopped again) before the upstream is open.
+    // allowHalfOpen: a client's EOF goes upstream while the reply still flows back.
+    const server = createServer({ pauseOnConnect: true, allowHalfOpen: true }, (sock) => this.#accept(serviceKey, sock));
+    const listen = (): Promise<void> =>
+      new Promise<void>((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(path, () => {
+          server.removeListener('error', reject);
+          resolve();
+        });
+      });
+    // A file left at the path (a previous run's socket) is removed only when it is in the way:
+    // one unlink per stale socket instead of one per bind.
+    await listen().catch(async (err: NodeJS.ErrnoException) => {
+      if (err.code !== 'EADDRINUSE') throw err;
+      await unlink(path).catch((e: NodeJS.ErrnoException) => {
+        if (e.code !== 'ENOENT') throw e;
+      });
+      await listen();
+    });
+    server.on('error', (err) => this.#o.logger?.error({ err, service: serviceKey }, 'balancer socket error'));
+    try {
+      const mode = this.#o.socketMode ?? (this.#o.socketGid !== undefined ? 0o660 : 0o600);
+      await chmod(path, mode);
+      if (this.#o.socketUid !== undefined || this.#o.socketGid !== undefined)
+        await chown(path, this.#o.socketUid ?? -1, this.#o.socketGid ?? -1);
+    } catch (err) {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      throw err;
+    }
+    this.#servers.set(serviceKey, server);
+  }
+
+  /**
+   * Stops accepting on the service's socket and removes it; resolves at once. Connections
+   * already accepted (Nginx keeps idle ones pooled) keep running and end with their upstream's
+   * drain(): waiting for them here would hold up whoever removes the service.
+   */
+  async unlisten(serviceKey: string): Promise<void> {
+    const server = this.#servers.get(serviceKey);
+    if (!server) return;
+    this.#servers.delete(serviceKey);
+    server.close(() => undefined);
+    await unlink(this.socketPathFor(serviceKey)).catch(() => undefined);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.#servers.keys()].map((k) => this.unlisten(k)));
+    for (const c of this.#clients) c.destroy();
+  }
+
+  #accept(serviceKey: string, client: Socket): void {
+    this.stats.accepted++;
+    this.#clients.add(client);
+    client.once('close', () => this.#clients.delete(client));
+    client.on('error', () => client.destroy());
+    this.#o.replicas.open(serviceKey).then(
+      (up) => {
+        if (client.destroyed) {
+          up.destroy();
+          return;
+        }
+        splice(client, up);
+        client.resume();
+      },
+      (err: unknown) => {
+        this.stats.unavailable++;
+        client.resume(); // read and drop the request
+        const a = statusFor(err, serviceKey);
+        client.end(rawAnswer(a.status, a.detail));
+      },
+    );
+  }
+}
+
+/**
+ * Joins the accepted client and the upstream stream: bytes both ways with backpressure, EOF
+ * passed on, and when either side closes the other is released. Cheaper than two pipe()s
+ * (no unpipe bookkeeping).
+ */
+export function splice(client: Socket, up: Duplex): void {
+  const forward = (from: Duplex, to: Duplex): void => {
+    from.on('data', (chunk: Buffer) => {
+      if (to.writableEnded || to.destroyed) return; // the other side is gone: drop
+      if (to.write(chunk)) return;
+      from.pause();
+      to.once('drain', () => from.resume());
+    });
+    from.once('end', () => {
+      if (!to.writableEnded) to.end();
+    });
+  };
+  forward(client, up);
+  forward(up, client);
+  up.on('error', () => up.destroy());
+  up.once('close', () => {
+    if (!client.writableEnded) client.destroy(); // else let the ended client flush
+  });
+  client.once('close', () => {
+    // ssh2 emits a channel's 'close' only after its 'end': drain what is left unread.
+    up.resume();
+    up.destroy();
+  });
+}
+
+/** A whole `{detail}` answer that closes the connection. */
+function rawAnswer(status: number, detail: string): string {
+  const body = JSON.stringify({ detail });
+  return (
+    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}\r\n` +
+    'Content-Type: application/json\r\n' +
+    `Content-Length: ${Buffer.byteLength(body)}\r\n` +
+    'Connection: close\r\n\r\n' +
+    body
+  );
+}

@@ -1,0 +1,443 @@
+// The replicas of every service and the per-request choice among them. The SSH loop says which
+// replicas exist, how to reach each (an ssh2 channel, or TCP for `direct`) and whether it is
+// Ready; everything that relays a request — the balancer sockets behind Nginx, the in-server
+// proxy, the model API — asks here for a replica and sends on that replica's keep-alive pool.
+//
+// The choice is per request, not per connection: a Ready replica with the fewest requests in
+// flight, ties broken at random (least outstanding requests). A request counts from dispatch
+// until its answer ended or failed, so a replica that answers slowly holds more and gets fewer
+// new ones. Connections to a replica are pooled (src/http1), one pool per replica, so a choice
+// costs no connect.
+//
+// Failures and retries, from the cheapest to the riskiest:
+// - a connection to the chosen replica could not be opened: nothing was sent, so any request
+//   goes to another Ready replica, until none is left;
+// - the replica closed the connection before any byte of its answer: an idempotent request
+//   whose body can be sent again (none, or a buffer) goes once more to another replica; anything
+//   else fails (a POST may have been acted on; a streamed body is gone);
+// - everything later (a head that breaks framing, a body cut short, a timeout) fails as it is.
+//
+// A removed replica gets no new request at once; its requests in flight finish, for at most the
+// drain period (drain()), then its connections close.
+
+import { Socket as NetSocket } from 'node:net';
+import type { Duplex, Readable } from 'node:stream';
+import type { Logger } from 'pino';
+import { systemClock, type Clock } from '../clock.js';
+import { Http1Pool, type Http1Exchange, type Http1Handler, type Http1Request } from '../http1/index.js';
+import { DataPlaneError, noReadyReplica } from './errors.js';
+
+/** How a replica is reached: an SSH tunnel, or a plain TCP address. */
+export interface Upstream {
+  isReady(): boolean;
+  /** A new byte stream to the replica's app port. */
+  open(): Promise<Duplex>;
+}
+
+export interface ReplicasOptions {
+  /** Opening a connection to a replica; past it that replica counts as failed. Default 10 s. */
+  connectTimeoutMs?: number;
+  /** Waiting for response headers, and silence inside a response body. Default 300 s. */
+  readTimeoutMs?: number;
+  /** Idle keep-alive connections to a replica close after this. Default 4 s. */
+  keepAliveTimeoutMs?: number;
+  /** Connections per replica at most; more requests queue. Default 256. */
+  connectionsPerReplica?: number;
+  random?: () => number;
+  clock?: Clock;
+  logger?: Logger;
+}
+
+export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000; // 10 s
+export const DEFAULT_READ_TIMEOUT_MS = 300_000; // 300 s
+export const DEFAULT_CONNECTIONS_PER_REPLICA = 256;
+
+/** One replica's load, for status and metrics. */
+export interface ReplicaLoad {
+  service: string;
+  replica: string;
+  ready: boolean;
+  /** Out of rotation, its requests still finishing. */
+  draining: boolean;
+  /** Requests (and pinned streams) in flight now. */
+  inFlight: number;
+  /** Requests and pinned streams sent to it since it was added. */
+  requests: number;
+}
+
+/** Opening a connection to a replica failed: nothing was sent, another replica may be tried. */
+class ConnectFailure extends Error {
+  readonly code = 'DP_UPSTREAM_CONNECT';
+  constructor(
+    readonly timedOut: boolean,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = 'ConnectFailure';
+  }
+}
+
+const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
+
+class Replica {
+  inFlight = 0;
+  requests = 0;
+  removed = false;
+  #pool: Http1Pool | null = null;
+  readonly pinned = new Set<Duplex>();
+  onIdle: (() => void) | null = null;
+
+  constructor(
+    readonly serviceKey: string,
+    readonly id: string,
+    readonly upstream: Upstream,
+    private readonly owner: Replicas,
+  ) {}
+
+  get pool(): Http1Pool {
+    return (this.#pool ??= this.owner.newPool(this));
+  }
+
+  get hasPool(): boolean {
+    return this.#pool !== null;
+  }
+
+  done(): void {
+    this.inFlight--;
+    if (!this.removed || this.inFlight > 0) return;
+    if (this.onIdle !== null) this.onIdle();
+    else this.owner.forget(this);
+  }
+
+  /** Out of rotation: idle connections close now, busy ones after their answer. */
+  retire(): void {
+    this.removed = true;
+    void this.#pool?.close().catch(() => undefined);
+  }
+
+  destroy(): void {
+    this.removed = true;
+    void this.#pool?.destroy().catch(() => undefined);
+    for (const s of this.pinned) s.destroy();
+  }
+}
+
+export class Replicas {
+  readonly #services = new Map<string, Replica[]>();
+  /** Every replica not yet idle after removal, by its upstream (drain() finds it there). */
+  readonly #byUpstream = new Map<Upstream, Replica>();
+  readonly #random: () => number;
+  readonly #clock: Clock;
+  readonly #connectMs: number;
+  readonly #readMs: number;
+  readonly #keepAliveMs: number;
+  readonly #perReplica: number;
+  readonly logger: Logger | undefined;
+
+  constructor(o: ReplicasOptions = {}) {
+    this.#random = o.random ?? Math.random;
+    this.#clock = o.clock ?? systemClock;
+    this.#connectMs = o.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
+    this.#readMs = o.readTimeoutMs ?? DEFAULT_READ_TIMEOUT_MS;
+    this.#keepAliveMs = o.keepAliveTimeoutMs ?? 4_000;
+    this.#perReplica = o.connectionsPerReplica ?? DEFAULT_CONNECTIONS_PER_REPLICA;
+    this.logger = o.logger;
+  }
+
+  /** Puts a replica in rotation (replacing one of the same id, which then drains). */
+  set(serviceKey: string, id: string, upstream: Upstream): void {
+    let list = this.#services.get(serviceKey);
+    if (!list) this.#services.set(serviceKey, (list = []));
+    const i = list.findIndex((r) => r.id === id);
+    const r = new Replica(serviceKey, id, upstream, this);
+    if (i === -1) list.push(r);
+    else {
+      this.#retire(list[i]!);
+      list[i] = r;
+    }
+    this.#byUpstream.set(upstream, r);
+  }
+
+  /** Out of rotation at once; its requests in flight are left to drain(). */
+  remove(serviceKey: string, id: string): void {
+    const list = this.#services.get(serviceKey);
+    const i = list?.findIndex((r) => r.id === id) ?? -1;
+    if (!list || i === -1) return;
+    this.#retire(list[i]!);
+    list.splice(i, 1);
+    if (list.length === 0) this.#services.delete(serviceKey);
+  }
+
+  /** Requests and pinned streams in flight through an upstream (in rotation or draining). */
+  inFlight(upstream: Upstream): number {
+    return this.#byUpstream.get(upstream)?.inFlight ?? 0;
+  }
+
+  /**
+   * Resolves when nothing is in flight through the (removed) upstream, or after `ms`, when what
+   * is left is cut.
+   */
+  drain(upstream: Upstream, ms: number): Promise<void> {
+    const r = this.#byUpstream.get(upstream);
+    if (!r || r.inFlight === 0) {
+      if (r?.removed) this.forget(r);
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const timer = this.#clock.setTimeout(() => {
+        r.onIdle = null;
+        r.destroy();
+        this.forget(r);
+        resolve();
+      }, ms);
+      r.onIdle = () => {
+        this.#clock.clearTimeout(timer);
+        r.onIdle = null;
+        this.forget(r);
+        resolve();
+      };
+    });
+  }
+
+  /** Some replica of the service is Ready. */
+  hasReady(serviceKey: string): boolean {
+    return this.#services.get(serviceKey)?.some((r) => r.upstream.isReady()) ?? false;
+  }
+
+  /**
+   * Sends one request to the Ready replica with the fewest in flight. Never throws: every
+   * failure reaches `handler.onResponseError` (a DataPlaneError for no replica, or the last
+   * replica's error).
+   */
+  dispatch(serviceKey: string, req: Http1Request, handler: Http1Handler): Http1Exchange {
+    const d = new Dispatch(this, serviceKey, req, handler);
+    d.next();
+    return d;
+  }
+
+  /**
+   * A raw stream to one Ready replica, for what cannot be relayed request by request (an
+   * Upgrade, a connection we cannot frame): it stays on that replica until it closes, and counts
+   * as one request in flight while open. Rejects with the catalog's error when none can be opened.
+   */
+  async open(serviceKey: string): Promise<Duplex> {
+    let tried: Set<Replica> | null = null;
+    let last: unknown = null;
+    for (;;) {
+      const r = this.pick(serviceKey, tried);
+      if (r === null) throw finalError(serviceKey, last);
+      (tried ??= new Set()).add(r);
+      r.inFlight++;
+      r.requests++;
+      try {
+        const stream = await this.openStream(r);
+        r.pinned.add(stream);
+        stream.once('close', () => {
+          r.pinned.delete(stream);
+          r.done();
+        });
+        return stream;
+      } catch (err) {
+        r.done();
+        last = err;
+        this.logger?.warn(
+          { service: serviceKey, replica: r.id, err: errorText(err) },
+          'opening an upstream failed; trying another replica',
+        );
+      }
+    }
+  }
+
+  /** Every replica's load, those draining included. */
+  loads(): ReplicaLoad[] {
+    const out: ReplicaLoad[] = [];
+    for (const r of this.#byUpstream.values()) {
+      out.push({
+        service: r.serviceKey,
+        replica: r.id,
+        ready: !r.removed && r.upstream.isReady(),
+        draining: r.removed,
+        inFlight: r.inFlight,
+        requests: r.requests,
+      });
+    }
+    return out;
+  }
+
+  async close(): Promise<void> {
+    for (const r of this.#byUpstream.values()) r.destroy();
+    this.#byUpstream.clear();
+    this.#services.clear();
+  }
+
+  /** The Ready replica with the fewest in flight, not in `skip`; among equals one at random. */
+  pick(serviceKey: string, skip: ReadonlySet<Replica> | Replica | null): Replica | null {
+    const list = this.#services.get(serviceKey);
+    if (list === undefined) return null;
+    let best: Replica | null = null;
+    let ties = 0;
+    for (let i = 0; i < list.length; i++) {
+      const r = list[i]!;
+      if (skip !== null && (skip === r || (skip instanceof Set && skip.has(r)))) continue;
+      if (!r.upstream.isReady()) continue;
+      if (best === null || r.inFlight < best.inFlight) {
+        best = r;
+        ties = 1;
+      } else if (r.inFlight === best.inFlight && this.#random() * ++ties < 1) best = r; // reservoir: each equal one with 1/ties
+    }
+    return best;
+  }
+
+  /** A stream to the replica, within the connect timeout; failures are ConnectFailures. */
+  openStream(r: Replica): Promise<Duplex> {
+    return new Promise((resolve, reject) => {
+      let done = false;
+      const timer = this.#clock.setTimeout(() => {
+        done = true;
+        reject(new ConnectFailure(true, `opening a connection to ${r.serviceKey} took longer than ${this.#connectMs} ms`));
+      }, this.#connectMs);
+      new Promise<Duplex>((opened) => opened(r.upstream.open())).then(
+        (stream) => {
+          this.#clock.clearTimeout(timer);
+          if (done) return void stream.destroy();
+          // Requests are small writes answered by the replica: no Nagle delay on TCP replicas.
+          if (stream instanceof NetSocket) stream.setNoDelay(true);
+          resolve(stream);
+        },
+        (err: unknown) => {
+          this.#clock.clearTimeout(timer);
+          if (!done) reject(new ConnectFailure(false, errorText(err), { cause: err }));
+        },
+      );
+    });
+  }
+
+  newPool(r: Replica): Http1Pool {
+    return new Http1Pool({
+      connect: () => this.openStream(r),
+      maxConnections: this.#perReplica,
+      keepAliveTimeoutMs: this.#keepAliveMs,
+      headersTimeoutMs: this.#readMs,
+      bodyTimeoutMs: this.#readMs,
+      clock: this.#clock,
+    });
+  }
+
+  #retire(r: Replica): void {
+    r.retire();
+    if (r.inFlight === 0) this.forget(r);
+  }
+
+  /** A removed replica with nothing in flight leaves the books. */
+  forget(r: Replica): void {
+    if (this.#byUpstream.get(r.upstream) === r) this.#byUpstream.delete(r.upstream);
+  }
+}
+
+/** With nothing left to try: no replica was Ready, or the last one tried failed this way. */
+function finalError(serviceKey: string, last: unknown): Error {
+  if (last === null) return noReadyReplica(serviceKey);
+  if (last instanceof ConnectFailure && last.timedOut) return new DataPlaneError('DP_ERR_UPSTREAM_TIMEOUT', last.message, { cause: last });
+  return new DataPlaneError('DP_ERR_UPSTREAM_FAILED', `every Ready replica of ${serviceKey} failed: ${errorText(last)}`, { cause: last });
+}
+
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** One request through the choice: the exchange its caller holds, and the handler its replica's pool calls. */
+class Dispatch implements Http1Exchange, Http1Handler {
+  #replica: Replica | null = null;
+  #tried: Set<Replica> | Replica | null = null;
+  #inner: Http1Exchange | null = null;
+  #started = false;
+  #aborted: Error | null = null;
+  #resent = false;
+  #last: unknown = null;
+
+  constructor(
+    private readonly owner: Replicas,
+    private readonly serviceKey: string,
+    private readonly req: Http1Request,
+    private readonly handler: Http1Handler,
+  ) {}
+
+  next(): void {
+    const r = this.owner.pick(this.serviceKey, this.#tried);
+    if (r === null) {
+      const err = finalError(this.serviceKey, this.#last);
+      this.handler.onResponseError(err);
+      return;
+    }
+    if (this.#tried === null) this.#tried = r;
+    else if (this.#tried instanceof Set) this.#tried.add(r);
+    else this.#tried = new Set([this.#tried, r]);
+    this.#replica = r;
+    r.inFlight++;
+    r.requests++;
+    this.#inner = r.pool.dispatch(this.req, this);
+  }
+
+  abort(reason?: Error): void {
+    if (this.#aborted !== null) return;
+    this.#aborted = reason ?? new DataPlaneError('DP_ERR_CLIENT_CLOSED');
+    this.#inner?.abort(this.#aborted);
+  }
+
+  resume(): void {
+    this.#inner?.resume();
+  }
+
+  onResponseStart(status: number, statusText: string, headers: string[], contentLength: number): void {
+    this.#started = true;
+    this.handler.onResponseStart(status, statusText, headers, contentLength);
+  }
+
+  onResponseData(chunk: Buffer, last: boolean): boolean {
+    return this.handler.onResponseData(chunk, last);
+  }
+
+  onResponseEnd(): void {
+    this.#release();
+    this.handler.onResponseEnd();
+  }
+
+  onResponseError(err: Error): void {
+    const r = this.#release();
+    if (this.#aborted === null && !this.#started && r !== null) {
+      if (err instanceof ConnectFailure) {
+        this.#last = err;
+        this.owner.logger?.warn(
+          { service: this.serviceKey, replica: r.id, err: err.message },
+          'opening an upstream failed; trying another replica',
+        );
+        return this.next();
+      }
+      if (!this.#resent && this.#resendable() && (err as { code?: string }).code === 'DP_HTTP1_CLOSED') {
+        this.#resent = true;
+        this.#last = err;
+        this.owner.logger?.warn(
+          { service: this.serviceKey, replica: r.id, err: err.message },
+          'the replica closed the connection before answering; sending the request to another replica',
+        );
+        return this.next();
+      }
+    }
+    this.handler.onResponseError(this.#aborted ?? err);
+  }
+
+  /** Idempotent, with a body that can be sent again. */
+  #resendable(): boolean {
+    const b: Readable | Buffer | string | null | undefined = this.req.body;
+    return IDEMPOTENT.has(this.req.method) && (b === null || b === undefined || typeof b === 'string' || Buffer.isBuffer(b));
+  }
+
+  #release(): Replica | null {
+    const r = this.#replica;
+    this.#replica = null;
+    this.#inner = null;
+    r?.done();
+    return r;
+  }
+}
