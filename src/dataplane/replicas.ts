@@ -100,6 +100,8 @@ class Replica {
   removed = false;
   /** Left the books (forget()): its tally no longer counts it. */
   forgotten = false;
+  /** Cut (drain period over, or close()): a stream opened to it now is closed at once. */
+  destroyed = false;
   #pool: Http1Pool | null = null;
   readonly pinned = new Set<Duplex>();
   onIdle: (() => void) | null = null;
@@ -146,6 +148,7 @@ class Replica {
 
   destroy(): void {
     this.removed = true;
+    this.destroyed = true;
     void this.#pool?.destroy().catch(() => undefined);
     for (const s of this.pinned) s.destroy();
   }
@@ -270,6 +273,11 @@ export class Replicas {
       r.count();
       try {
         const stream = await this.openStream(r);
+        if (r.destroyed) {
+          // Cut while connecting: a stream handed out now would outlive the drain period.
+          stream.destroy();
+          throw new ConnectFailure(false, `the replica of ${serviceKey} was cut while connecting`);
+        }
         r.pinned.add(stream);
         stream.once('close', () => {
           r.pinned.delete(stream);

@@ -568,3 +568,24 @@ describe('abort and pinned streams', () => {
     expect(load(rs, 'a')).toMatchObject({ inFlight: 0, requests: 1 });
   });
 });
+
+describe('a pinned stream opening while its replica is cut', () => {
+  it('is closed, not handed out, and the count goes back to 0', async () => {
+    const a = await replica('a');
+    let opened!: (d: Duplex) => void;
+    const slow: Upstream = { isReady: () => true, open: () => new Promise<Duplex>((r) => (opened = r)) };
+    const rs = books_();
+    rs.set(SVC, 'slow', slow);
+    const pending = rs.open(SVC);
+    expect(rs.inFlight(slow)).toBe(1);
+    rs.remove(SVC, 'slow');
+    await rs.drain(slow, 10); // cut: the open is still pending
+    const sock = await tcp(a.port);
+    const closed = new Promise((r) => sock.once('close', r));
+    opened(sock);
+    await expect(pending).rejects.toMatchObject({ code: 'DP_ERR_UPSTREAM_FAILED' });
+    await closed;
+    expect(rs.inFlight(slow)).toBe(0);
+    expect(rs.loads()).toEqual([]);
+  });
+});
