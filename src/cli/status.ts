@@ -98,6 +98,7 @@ export function createStatusCommand(deps: { now?: () => number } = {}): Command 
 
 Show the conditions of every object (sites, certificates, tunnels) per reconcile loop of a
 running gateway, the current generation, and whether the gateway has converged to it.
+Replicas also show their requests: IN-FLIGHT now and REQUESTS sent so far.
 
 Options:
 ${CLIENT_HELP}
