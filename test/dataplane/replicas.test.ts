@@ -589,3 +589,27 @@ describe('a pinned stream opening while its replica is cut', () => {
     expect(rs.loads()).toEqual([]);
   });
 });
+
+describe('requests queued behind the connection limit', () => {
+  it('count in flight while queued; an abort of a queued one takes it off the count and off the replica', async () => {
+    const a = await replica('a', 'hold');
+    const rs = books_({ connectionsPerReplica: 1 });
+    add(rs, a);
+    const first = send(rs);
+    await until(() => a.held.length === 1, 'a to hold the first');
+    const queued = send(rs, { path: '/queued' });
+    const third = send(rs, { path: '/third' });
+    expect(load(rs, 'a')).toMatchObject({ inFlight: 3, requests: 3 });
+    queued.ex.abort();
+    expect((await queued.done).error).toMatchObject({ code: 'DP_ERR_CLIENT_CLOSED' });
+    expect(load(rs, 'a')).toMatchObject({ inFlight: 2, requests: 3 });
+    a.release();
+    expect((await first.done).body).toBe('a:held');
+    await until(() => a.held.length === 1, 'a to hold the third');
+    expect(a.held[0]!.req.url).toBe('/third'); // the aborted one never went out
+    a.release();
+    expect((await third.done).body).toBe('a:held');
+    expect(load(rs, 'a')).toMatchObject({ inFlight: 0, requests: 3 });
+    expect(a.hits).toBe(2);
+  });
+});
