@@ -28,8 +28,33 @@ export interface AppOptions {
   logger?: Logger | false;
   /** More fields for GET /api/v1/status (the in-server proxy adds its store's health). */
   statusExtra?: () => Record<string, unknown>;
+  /**
+   * Per loop, per object key, fields added to that object in GET /api/v1/status, read at each
+   * request (the loops' liveStatus(): requests in flight per replica).
+   */
+  liveStatus?: () => Record<string, Readonly<Record<string, Readonly<Record<string, unknown>>>>>;
   /** More routes (auth, stats, metrics, models): each registers itself on the app. */
   routes?: RouteModule[];
+}
+
+/** The loops' statuses with the live fields added to the objects they name (copies; the snapshot is left as it is). */
+function withLiveStatus<L extends { objects: Record<string, object> }>(
+  loops: Record<string, L>,
+  live: Record<string, Readonly<Record<string, Readonly<Record<string, unknown>>>>> | undefined,
+): Record<string, L> {
+  if (live === undefined) return loops;
+  const out = { ...loops };
+  for (const [name, byKey] of Object.entries(live)) {
+    const loop = out[name];
+    if (loop === undefined) continue;
+    const objects = { ...loop.objects };
+    for (const [key, fields] of Object.entries(byKey)) {
+      const o = objects[key];
+      if (o !== undefined) objects[key] = { ...fields, ...o };
+    }
+    out[name] = { ...loop, objects };
+  }
+  return out;
 }
 
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
@@ -61,7 +86,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
         // The newest generation every loop has acted on, not just the one stored.
         observedGeneration: snapshot.observedGeneration ?? snapshot.generation,
         ...options.statusExtra?.(),
-        loops: snapshot.loops,
+        loops: withLiveStatus(snapshot.loops, options.liveStatus?.()),
       };
     });
   app.get('/healthz', async () => ({ status: 'ok' }));

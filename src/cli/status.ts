@@ -98,6 +98,7 @@ export function createStatusCommand(deps: { now?: () => number } = {}): Command 
 
 Show the conditions of every object (sites, certificates, tunnels) per reconcile loop of a
 running gateway, the current generation, and whether the gateway has converged to it.
+Replicas also show their requests: IN-FLIGHT now and REQUESTS sent so far.
 
 Options:
 ${CLIENT_HELP}
@@ -133,7 +134,10 @@ export function renderStatus(s: StatusResponse, io: Io, opts: { now: number; wid
   const lines = [`generation ${s.generation} (observed ${s.observedGeneration}, hash ${s.hash.slice(0, 12)}): ${state}`];
   const rows: string[][] = [];
   for (const [name, loop] of Object.entries(s.loops)) rows.push(...loopRows(name, loop, opts));
-  if (rows.length > 0) lines.push('', table(['LOOP', 'OBJECT', 'READY', 'REASON', 'MESSAGE', 'AGE'], rows));
+  // Replicas' requests (in flight now, sent so far), from daemons that report them.
+  const loads = rows.some((r) => r.length > 6);
+  const header = ['LOOP', 'OBJECT', 'READY', 'REASON', 'MESSAGE', 'AGE', ...(loads ? ['IN-FLIGHT', 'REQUESTS'] : [])];
+  if (rows.length > 0) lines.push('', table(header, rows));
   else lines.push('', 'no loops report status yet');
   if (a.failures.length > 0) lines.push('', 'Failing:', ...a.failures.map((f) => `  ${p.red(f)}`));
   if (!a.converged && a.failures.length === 0 && a.pending.length > 0) lines.push('', 'Not ready:', ...a.pending.map((f) => `  ${f}`));
@@ -150,21 +154,31 @@ function loopRows(name: string, loop: LoopStatus, opts: { now: number; wide: boo
     c?.lastTransitionTime ? age(opts.now - Date.parse(String(c.lastTransitionTime))) : '-',
   ];
   const rows = [row('(loop)', find(loop.conditions, 'Ready'))];
-  for (const [key, { conditions }] of Object.entries(loop.objects)) {
+  for (const [key, object] of Object.entries(loop.objects)) {
+    const { conditions } = object;
     if (conditions.length === 0) continue; // outputs only (a service's socket): for machines
     const ready = find(conditions, 'Ready');
     const degraded = find(conditions, 'Degraded');
     // Serving an old version while the new one is rejected: show why, not just "True".
-    rows.push(
-      row(
-        key,
-        degraded?.status === 'True' && ready?.status === 'True'
-          ? { ...degraded, status: 'True', reason: `${ready.reason}/${degraded.reason}` }
-          : ready,
-      ),
+    const r = row(
+      key,
+      degraded?.status === 'True' && ready?.status === 'True'
+        ? { ...degraded, status: 'True', reason: `${ready.reason}/${degraded.reason}` }
+        : ready,
     );
+    const load = loadOf(object);
+    if (load !== null) r.push(String(load.inFlight), String(load.requests));
+    rows.push(r);
   }
   return rows;
+}
+
+/** A replica's `load` ({inFlight, requests}, read live by the daemon), when the object has one. */
+function loadOf(object: object): { inFlight: number; requests: number } | null {
+  const load = (object as { load?: unknown }).load;
+  if (typeof load !== 'object' || load === null) return null;
+  const { inFlight, requests } = load as { inFlight?: unknown; requests?: unknown };
+  return typeof inFlight === 'number' && typeof requests === 'number' ? { inFlight, requests } : null;
 }
 
 function find(conditions: readonly Condition[], type: string): Condition | undefined {

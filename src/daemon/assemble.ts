@@ -39,7 +39,7 @@ export interface Assembly {
 export interface ListenerProfile {
   host: string;
   port: number;
-  app: Omit<AppOptions, 'runtime' | 'logger' | 'statusExtra'>;
+  app: Omit<AppOptions, 'runtime' | 'logger' | 'statusExtra' | 'liveStatus'>;
 }
 
 export interface Profile {
@@ -152,7 +152,14 @@ export async function assemble(profile: Profile): Promise<Daemon> {
     const listeners = await profile.listeners(d);
     const apps: FastifyInstance[] = [];
     for (const l of listeners) {
-      const app = await buildApp({ ...l.app, runtime, logger: appLogger, statusExtra: () => ({ store: store.health() }) });
+      const app = await buildApp({
+        ...l.app,
+        runtime,
+        logger: appLogger,
+        statusExtra: () => ({ store: store.health() }),
+        // Read per status request: what changes with every request is never written as status.
+        liveStatus: () => Object.fromEntries(loops.flatMap((lp) => (lp.liveStatus ? [[lp.name, lp.liveStatus()]] : []))),
+      });
       stack.push(() => app.close());
       apps.push(app);
     }

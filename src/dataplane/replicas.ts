@@ -63,6 +63,20 @@ export interface ReplicaLoad {
   inFlight: number;
   /** Requests and pinned streams sent to it since it was added. */
   requests: number;
+  /**
+   * Requests and pinned streams sent to this service's replica id, across its replacements: a
+   * replica set again with the same id (a new address) continues the count of the one it
+   * replaced, and the two entries of the id (the new one, the old one draining) show the same
+   * total. It starts again from 0 only after the id left the books entirely (removed, drained).
+   */
+  total: number;
+}
+
+/** The request count of one service's replica id, shared by its replacements while any is on the books. */
+interface Tally {
+  total: number;
+  /** Replicas of the id on the books (in rotation or draining). */
+  refs: number;
 }
 
 /** Opening a connection to a replica failed: nothing was sent, another replica may be tried. */
@@ -84,16 +98,32 @@ class Replica {
   inFlight = 0;
   requests = 0;
   removed = false;
+  /** Left the books (forget()): its tally no longer counts it. */
+  forgotten = false;
+  /** Cut (drain period over, or close()): a stream opened to it now is closed at once. */
+  destroyed = false;
   #pool: Http1Pool | null = null;
   readonly pinned = new Set<Duplex>();
   onIdle: (() => void) | null = null;
+  /** What drain() returns while one runs: a second call waits for the same end. */
+  drained: Promise<void> | null = null;
 
   constructor(
     readonly serviceKey: string,
     readonly id: string,
     readonly upstream: Upstream,
     private readonly owner: Replicas,
-  ) {}
+    readonly tally: Tally,
+  ) {
+    tally.refs++;
+  }
+
+  /** One more request (or pinned stream) sent to it. */
+  count(): void {
+    this.inFlight++;
+    this.requests++;
+    this.tally.total++;
+  }
 
   get pool(): Http1Pool {
     return (this.#pool ??= this.owner.newPool(this));
@@ -118,6 +148,7 @@ class Replica {
 
   destroy(): void {
     this.removed = true;
+    this.destroyed = true;
     void this.#pool?.destroy().catch(() => undefined);
     for (const s of this.pinned) s.destroy();
   }
@@ -127,6 +158,8 @@ export class Replicas {
   readonly #services = new Map<string, Replica[]>();
   /** Every replica not yet idle after removal, by its upstream (drain() finds it there). */
   readonly #byUpstream = new Map<Upstream, Replica>();
+  /** Per service and replica id on the books, its request count across replacements. */
+  readonly #tallies = new Map<string, Tally>();
   readonly #random: () => number;
   readonly #clock: Clock;
   readonly #connectMs: number;
@@ -145,12 +178,19 @@ export class Replicas {
     this.logger = o.logger;
   }
 
-  /** Puts a replica in rotation (replacing one of the same id, which then drains). */
+  /**
+   * Puts a replica in rotation (replacing one of the same id, which then drains). Set again with
+   * the same upstream, it stays as it is: its pool, its connections and its counts.
+   */
   set(serviceKey: string, id: string, upstream: Upstream): void {
     let list = this.#services.get(serviceKey);
     if (!list) this.#services.set(serviceKey, (list = []));
     const i = list.findIndex((r) => r.id === id);
-    const r = new Replica(serviceKey, id, upstream, this);
+    if (i !== -1 && list[i]!.upstream === upstream) return;
+    const key = `${serviceKey}\0${id}`;
+    let tally = this.#tallies.get(key);
+    if (tally === undefined) this.#tallies.set(key, (tally = { total: 0, refs: 0 }));
+    const r = new Replica(serviceKey, id, upstream, this, tally);
     if (i === -1) list.push(r);
     else {
       this.#retire(list[i]!);
@@ -176,15 +216,17 @@ export class Replicas {
 
   /**
    * Resolves when nothing is in flight through the (removed) upstream, or after `ms`, when what
-   * is left is cut.
+   * is left is cut. An upstream still in rotation is not draining: it resolves at once and is
+   * left alone (cutting it would leave a replica in rotation with a destroyed pool).
    */
   drain(upstream: Upstream, ms: number): Promise<void> {
     const r = this.#byUpstream.get(upstream);
-    if (!r || r.inFlight === 0) {
-      if (r?.removed) this.forget(r);
+    if (!r || !r.removed) return Promise.resolve();
+    if (r.inFlight === 0) {
+      this.forget(r);
       return Promise.resolve();
     }
-    return new Promise((resolve) => {
+    return (r.drained ??= new Promise((resolve) => {
       const timer = this.#clock.setTimeout(() => {
         r.onIdle = null;
         r.destroy();
@@ -197,7 +239,7 @@ export class Replicas {
         this.forget(r);
         resolve();
       };
-    });
+    }));
   }
 
   /** Some replica of the service is Ready. */
@@ -212,7 +254,7 @@ export class Replicas {
    */
   dispatch(serviceKey: string, req: Http1Request, handler: Http1Handler): Http1Exchange {
     const d = new Dispatch(this, serviceKey, req, handler);
-    d.next();
+    d.next(true);
     return d;
   }
 
@@ -228,10 +270,14 @@ export class Replicas {
       const r = this.pick(serviceKey, tried);
       if (r === null) throw finalError(serviceKey, last);
       (tried ??= new Set()).add(r);
-      r.inFlight++;
-      r.requests++;
+      r.count();
       try {
         const stream = await this.openStream(r);
+        if (r.destroyed) {
+          // Cut while connecting: a stream handed out now would outlive the drain period.
+          stream.destroy();
+          throw new ConnectFailure(false, `the replica of ${serviceKey} was cut while connecting`);
+        }
         r.pinned.add(stream);
         stream.once('close', () => {
           r.pinned.delete(stream);
@@ -260,6 +306,7 @@ export class Replicas {
         draining: r.removed,
         inFlight: r.inFlight,
         requests: r.requests,
+        total: r.tally.total,
       });
     }
     return out;
@@ -269,6 +316,7 @@ export class Replicas {
     for (const r of this.#byUpstream.values()) r.destroy();
     this.#byUpstream.clear();
     this.#services.clear();
+    this.#tallies.clear();
   }
 
   /** The Ready replica with the fewest in flight, not in `skip`; among equals one at random. */
@@ -332,6 +380,11 @@ export class Replicas {
   /** A removed replica with nothing in flight leaves the books. */
   forget(r: Replica): void {
     if (this.#byUpstream.get(r.upstream) === r) this.#byUpstream.delete(r.upstream);
+    if (r.forgotten) return;
+    r.forgotten = true;
+    if (--r.tally.refs > 0) return;
+    const key = `${r.serviceKey}\0${r.id}`;
+    if (this.#tallies.get(key) === r.tally) this.#tallies.delete(key);
   }
 }
 
@@ -363,19 +416,22 @@ class Dispatch implements Http1Exchange, Http1Handler {
     private readonly handler: Http1Handler,
   ) {}
 
-  next(): void {
+  /** `first`: called from dispatch(), whose caller does not hold the exchange yet. */
+  next(first = false): void {
     const r = this.owner.pick(this.serviceKey, this.#tried);
     if (r === null) {
       const err = finalError(this.serviceKey, this.#last);
-      this.handler.onResponseError(err);
+      // A handler may use the exchange dispatch() returns: it hears of the failure after that
+      // return, as a pool's handler does (an abort meanwhile is what it hears).
+      if (first) process.nextTick(() => this.handler.onResponseError(this.#aborted ?? err));
+      else this.handler.onResponseError(err);
       return;
     }
     if (this.#tried === null) this.#tried = r;
     else if (this.#tried instanceof Set) this.#tried.add(r);
     else this.#tried = new Set([this.#tried, r]);
     this.#replica = r;
-    r.inFlight++;
-    r.requests++;
+    r.count();
     this.#inner = r.pool.dispatch(this.req, this);
   }
 

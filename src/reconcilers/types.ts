@@ -111,6 +111,12 @@ export interface Loop<D, O, A> {
   /** The loop's metric families; called once when the daemon is assembled. */
   metrics?(): readonly MetricFamily[];
   /**
+   * Facts about the loop's status objects that change too often for the status writer (a
+   * write per request): read at each GET /api/v1/status and added, by object key, to that
+   * object's status. Keys without an object are left out.
+   */
+  liveStatus?(): Readonly<Record<string, Readonly<Record<string, unknown>>>>;
+  /**
    * Loops whose status this loop reads in `desired`; their status changes trigger this loop,
    * and a pass of this loop starts only once each of them has settled a pass that read the
    * generation current when this pass was asked for (or has nothing to do). It never waits

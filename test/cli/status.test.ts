@@ -42,7 +42,9 @@ describe('dstack-proxy status', () => {
     expect(r.code).toBe(0);
     const lines = r.stdout.split('\n');
     expect(lines[0]).toMatch(/^generation 1 \(observed 1, hash [0-9a-f]{12}\): converged$/);
-    expect(lines[2]).toMatch(/^LOOP +OBJECT +READY +REASON +MESSAGE +AGE$/);
+    expect(lines[2]).toMatch(/^LOOP +OBJECT +READY +REASON +MESSAGE +AGE +IN-FLIGHT +REQUESTS$/);
+    // A replica's row ends with its requests in flight now and sent so far (nothing sent yet).
+    expect(lines.find((l) => l.startsWith('ssh') && l.includes('hello-0'))).toMatch(/ +\d+[smhd] +0 +0$/);
     expect(lines.find((l) => l.includes('hello.localhost'))).toMatch(
       /^nginx +hello\.localhost +True +Applied +served by nginx +\d+[smhd]$/,
     );

@@ -66,6 +66,24 @@ describe('SSH loop outputs', () => {
           [{ service: 'main/other', replica: 'd2' }, 0],
         ],
       },
+      replica_requests_in_flight: expect.objectContaining({
+        type: 'gauge',
+        labelNames: ['service', 'replica'],
+        // Values: whatever the harness's own requests left (the data-plane tests check them).
+        samples: [
+          [{ service: 'main/app', replica: 'd1' }, expect.any(Number)],
+          [{ service: 'main/other', replica: 'd2' }, expect.any(Number)],
+        ],
+      }),
+      replica_requests_total: expect.objectContaining({
+        type: 'counter',
+        labelNames: ['service', 'replica'],
+        // Values: whatever the harness's own requests left (the data-plane tests check them).
+        samples: [
+          [{ service: 'main/app', replica: 'd1' }, expect.any(Number)],
+          [{ service: 'main/other', replica: 'd2' }, expect.any(Number)],
+        ],
+      }),
     });
   });
 
