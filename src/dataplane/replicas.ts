@@ -4,7 +4,9 @@
 // proxy, the model API — asks here for a replica and sends on that replica's keep-alive pool.
 //
 // The choice is per request, not per connection: a Ready replica with the fewest requests in
-// flight, ties broken at random (least outstanding requests). A request counts from dispatch
+// flight (least outstanding requests); among equals the one chosen longest ago, so requests one
+// after another take turns exactly (a coin toss per request would split 100 of them 40:60 or
+// worse one time in thirty) and a replica just added is the first to get one. A request counts from dispatch
 // until its answer ended or failed, so a replica that answers slowly holds more and gets fewer
 // new ones. Connections to a replica are pooled (src/http1), one pool per replica, so a choice
 // costs no connect.
@@ -43,7 +45,6 @@ export interface ReplicasOptions {
   keepAliveTimeoutMs?: number;
   /** Connections per replica at most; more requests queue. Default 256. */
   connectionsPerReplica?: number;
-  random?: () => number;
   clock?: Clock;
   logger?: Logger;
 }
@@ -94,9 +95,14 @@ class ConnectFailure extends Error {
 
 const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
 
+/** Choices made so far, in this process: a replica's `chosen` orders it among equals. */
+let choices = 0;
+
 class Replica {
   inFlight = 0;
   requests = 0;
+  /** When it was last chosen (`choices` then); 0: never, so a new replica goes first. */
+  chosen = 0;
   removed = false;
   /** Left the books (forget()): its tally no longer counts it. */
   forgotten = false;
@@ -120,6 +126,7 @@ class Replica {
 
   /** One more request (or pinned stream) sent to it. */
   count(): void {
+    this.chosen = ++choices;
     this.inFlight++;
     this.requests++;
     this.tally.total++;
@@ -160,7 +167,6 @@ export class Replicas {
   readonly #byUpstream = new Map<Upstream, Replica>();
   /** Per service and replica id on the books, its request count across replacements. */
   readonly #tallies = new Map<string, Tally>();
-  readonly #random: () => number;
   readonly #clock: Clock;
   readonly #connectMs: number;
   readonly #readMs: number;
@@ -169,7 +175,6 @@ export class Replicas {
   readonly logger: Logger | undefined;
 
   constructor(o: ReplicasOptions = {}) {
-    this.#random = o.random ?? Math.random;
     this.#clock = o.clock ?? systemClock;
     this.#connectMs = o.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
     this.#readMs = o.readTimeoutMs ?? DEFAULT_READ_TIMEOUT_MS;
@@ -319,20 +324,16 @@ export class Replicas {
     this.#tallies.clear();
   }
 
-  /** The Ready replica with the fewest in flight, not in `skip`; among equals one at random. */
+  /** The Ready replica with the fewest in flight, not in `skip`; among equals the one chosen longest ago. */
   pick(serviceKey: string, skip: ReadonlySet<Replica> | Replica | null): Replica | null {
     const list = this.#services.get(serviceKey);
     if (list === undefined) return null;
     let best: Replica | null = null;
-    let ties = 0;
     for (let i = 0; i < list.length; i++) {
       const r = list[i]!;
       if (skip !== null && (skip === r || (skip instanceof Set && skip.has(r)))) continue;
       if (!r.upstream.isReady()) continue;
-      if (best === null || r.inFlight < best.inFlight) {
-        best = r;
-        ties = 1;
-      } else if (r.inFlight === best.inFlight && this.#random() * ++ties < 1) best = r; // reservoir: each equal one with 1/ties
+      if (best === null || r.inFlight < best.inFlight || (r.inFlight === best.inFlight && r.chosen < best.chosen)) best = r;
     }
     return best;
   }

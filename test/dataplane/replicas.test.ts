@@ -1,5 +1,5 @@
 // The replicas and the per-request choice, against real HTTP replicas on 127.0.0.1: least
-// outstanding requests, random ties, Ready only, connect failures tried elsewhere, one resend of
+// outstanding requests, ties to the one chosen longest ago, Ready only, connect failures tried elsewhere, one resend of
 // an idempotent request whose replica closed before answering, removal and drain, abort, and
 // pinned streams — with the load books (inFlight, loads()) checked at every step.
 
@@ -11,7 +11,6 @@ import { statusFor } from '../../src/dataplane/errors.js';
 import { Replicas, type ReplicaLoad, type ReplicasOptions, type Upstream } from '../../src/dataplane/replicas.js';
 import type { Http1Exchange, Http1Request } from '../../src/http1/index.js';
 import { freePort } from '../helpers/ports.js';
-import { prng } from '../helpers/prng.js';
 
 const SVC = 'proj/svc';
 
@@ -186,7 +185,7 @@ describe('the choice: least outstanding requests', () => {
   it('with concurrent slow requests, spreads them one by one', async () => {
     const a = await replica('a', 'hold');
     const b = await replica('b', 'hold');
-    const rs = books_({ random: prng(7) });
+    const rs = books_();
     add(rs, a, b);
     const all = Array.from({ length: 10 }, () => send(rs));
     await until(() => a.held.length + b.held.length === 10, 'both to hold');
@@ -200,40 +199,36 @@ describe('the choice: least outstanding requests', () => {
 
   it.each([2, 4])('1,000 sequential requests over %i replicas spread evenly', async (n) => {
     const list = await Promise.all(Array.from({ length: n }, (_, i) => replica(`r${i}`)));
-    const rs = books_({ random: prng(1234 + n) });
+    const rs = books_();
     add(rs, ...list);
     for (let i = 0; i < 1_000; i++) {
       const a = await send(rs).done;
       expect(a.status).toBe(200);
     }
-    const shares = list.map((t) => t.hits / 1_000);
-    // Expected 1/n each; bounds generous (±0.2 for 2, ±0.1 for 4: many standard deviations).
-    const slack = n === 2 ? 0.2 : 0.1;
-    for (const s of shares) {
-      expect(s).toBeGreaterThanOrEqual(1 / n - slack);
-      expect(s).toBeLessThanOrEqual(1 / n + slack);
-    }
+    // One at a time, every replica is equal at each choice: they take turns, exactly.
+    expect(list.map((t) => t.hits)).toEqual(list.map(() => 1_000 / n));
     expect(rs.loads().reduce((s, l) => s + l.requests, 0)).toBe(1_000);
     expect(rs.loads().every((l) => l.inFlight === 0)).toBe(true);
   });
 
-  it('breaks ties with the injected random number', async () => {
+  it('among equals, the one chosen longest ago: sequential requests take turns, a new replica goes first', async () => {
     const a = await replica('a');
     const b = await replica('b');
     const c = await replica('c');
-    let r = 0.99; // reservoir: a draw ≥ 1/k keeps the one found first
-    const rs = books_({ random: () => r });
+    const rs = books_();
     add(rs, a, b, c);
-    for (let i = 0; i < 5; i++) expect((await send(rs).done).body).toBe('a');
-    r = 0; // every equal one replaces the one before: the last
-    for (let i = 0; i < 5; i++) expect((await send(rs).done).body).toBe('c');
-    expect(b.hits).toBe(0);
+    const order: string[] = [];
+    for (let i = 0; i < 6; i++) order.push((await send(rs).done).body);
+    expect(order).toEqual(['a', 'b', 'c', 'a', 'b', 'c']);
+    const d = await replica('d');
+    add(rs, d);
+    expect((await send(rs).done).body).toBe('d');
   });
 
   it('skips replicas that are not Ready; none Ready is DP_ERR_NO_READY_REPLICA (503)', async () => {
     const a = await replica('a');
     const b = await replica('b');
-    const rs = books_({ random: () => 0.99 });
+    const rs = books_();
     add(rs, a, b);
     a.ready = false;
     for (let i = 0; i < 5; i++) expect((await send(rs).done).body).toBe('b');
@@ -278,7 +273,7 @@ describe('connect failures', () => {
   it('a refused connect sends any request to another replica, a streamed POST too', async () => {
     const dead = await closedPort();
     const b = await replica('b');
-    const rs = books_({ random: () => 0.99 }); // ties: the first listed, the dead one
+    const rs = books_(); // ties: the first listed, the dead one
     rs.set(SVC, 'dead', dead);
     add(rs, b);
     expect((await send(rs).done).body).toBe('b');
@@ -306,7 +301,7 @@ describe('connect failures', () => {
   });
 
   it('a connect that never finishes times out: DP_ERR_UPSTREAM_TIMEOUT (504), or another replica', async () => {
-    const rs = books_({ connectTimeoutMs: 100, random: () => 0.99 });
+    const rs = books_({ connectTimeoutMs: 100 });
     const hang: Upstream = { isReady: () => true, open: () => new Promise<Duplex>(() => undefined) };
     rs.set(SVC, 'hang', hang);
     const { error } = await send(rs).done;
@@ -324,7 +319,7 @@ describe('a replica that closes the connection before answering', () => {
   it('a replica silent past the read timeout: DP_HTTP1_HEADERS_TIMEOUT → 504, not sent again', async () => {
     const slow = await replica('slow', 'hold');
     const good = await replica('good');
-    const rs = books_({ readTimeoutMs: 200, random: () => 0.99 });
+    const rs = books_({ readTimeoutMs: 200 });
     add(rs, slow, good);
     const { error } = await send(rs).done;
     expect(statusFor(error, SVC)).toMatchObject({ status: 504, code: 'DP_ERR_UPSTREAM_TIMEOUT' });
@@ -335,7 +330,7 @@ describe('a replica that closes the connection before answering', () => {
   it('a GET goes once more to another replica and succeeds', async () => {
     const bad = await replica('bad', 'close');
     const good = await replica('good');
-    const rs = books_({ random: () => 0.99 });
+    const rs = books_();
     add(rs, bad, good);
     expect(await send(rs).done).toMatchObject({ status: 200, body: 'good' });
     expect(await send(rs, { method: 'PUT', body: Buffer.from('put') }).done).toMatchObject({ status: 200, body: 'good' });
@@ -347,22 +342,23 @@ describe('a replica that closes the connection before answering', () => {
   it('a POST, or a GET with a streamed body, fails with 502 and is not sent again', async () => {
     const bad = await replica('bad', 'close');
     const good = await replica('good');
-    const rs = books_({ random: () => 0.99 });
-    add(rs, bad, good);
-    const post = await send(rs, { method: 'POST', body: 'once' }).done;
-    expect(statusFor(post.error, SVC).status).toBe(502);
-    const get = await send(rs, { body: streamed('streamed') }).done;
-    expect(statusFor(get.error, SVC).status).toBe(502);
+    // Fresh books for each: the first of equals (bad) is chosen first.
+    for (const req of [{ method: 'POST', body: 'once' }, { body: streamed('streamed') }]) {
+      const rs = books_();
+      add(rs, bad, good);
+      const { error } = await send(rs, req).done;
+      expect(statusFor(error, SVC).status).toBe(502);
+      expect(rs.loads().every((l) => l.inFlight === 0)).toBe(true);
+    }
     expect(good.hits).toBe(0);
     expect(bad.bodies).toEqual(['once', 'streamed']);
-    expect(rs.loads().every((l) => l.inFlight === 0)).toBe(true);
   });
 
   it('only once: two bad replicas → 502, the third never asked', async () => {
     const bad1 = await replica('bad1', 'close');
     const bad2 = await replica('bad2', 'close');
     const good = await replica('good');
-    const rs = books_({ random: () => 0.99 }); // always the first of equals: bad1, then bad2
+    const rs = books_(); // the first of equals: bad1, then bad2
     add(rs, bad1, bad2, good);
     const { error } = await send(rs).done;
     expect(statusFor(error, SVC)).toMatchObject({ status: 502, code: 'DP_ERR_UPSTREAM_FAILED', detail: 'Error requesting upstream' });
@@ -374,7 +370,7 @@ describe('removal and drain', () => {
   it('a removed replica gets no new request; its request in flight completes; drain resolves then', async () => {
     const a = await replica('a', 'hold');
     const b = await replica('b', 'hold');
-    const rs = books_({ random: () => 0.99 });
+    const rs = books_();
     add(rs, a, b);
     b.ready = false;
     const onA = send(rs);
@@ -535,7 +531,7 @@ describe('abort and pinned streams', () => {
     let opened!: (d: Duplex) => void;
     const slow: Upstream = { isReady: () => true, open: () => new Promise<Duplex>((r) => (opened = r)) };
     const b = await replica('b');
-    const rs = books_({ random: () => 0.99 });
+    const rs = books_();
     rs.set(SVC, 'slow', slow);
     const s = send(rs);
     add(rs, b);
@@ -550,7 +546,7 @@ describe('abort and pinned streams', () => {
   it('an open() stream counts in flight until it closes, and speaks to one replica', async () => {
     const a = await replica('a');
     const dead = await closedPort();
-    const rs = books_({ random: () => 0.99 });
+    const rs = books_();
     rs.set(SVC, 'dead', dead);
     add(rs, a);
     const s = await rs.open(SVC); // the dead one first, then a

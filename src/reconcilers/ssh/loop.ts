@@ -139,7 +139,6 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const random = o.random ?? Math.random;
   const reconnect = backoffPolicy({ baseMs: 1_000, factor: 2, maxMs: 60_000, jitter: 0.2, ...o.reconnect });
   const replicas = new Replicas({
-    random,
     clock,
     ...(o.connectTimeoutMs !== undefined ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
     ...o.replicas,
