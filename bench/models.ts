@@ -2,20 +2,20 @@
 //  - TGI stream conversion throughput: one TGI `data:` line → JSON.parse → OpenAI chunk frame, on
 //    one core (target ≥ 100,000 chunks/s).
 //  - Added latency, non-streaming: wrk -t1 -c16 -d5s POSTs to an openai-format replica directly,
-//    and to the same replica through the model API (fastify + registerModelApi + connectForwarder
+//    and to the same replica through the model API (fastify + registerModelApi + replicaForwarder
 //    over TCP), in the same run; p50/p99 differences (target ≤ 2 ms added p50).
 //  - Stream time to first byte through the API vs direct, p50 difference (target ≤ 5 ms).
 // The replica is a separate Node process, so this process runs only the API and the TTFB client.
 
 import { spawn, execFile, type ChildProcess } from 'node:child_process';
-import { connect as netConnect } from 'node:net';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
 import Fastify from 'fastify';
 import { Pool } from 'undici';
-import { connectForwarder } from '../src/models/forwarders.js';
+import { replicaForwarder } from '../src/models/forwarders.js';
+import { replicasOf } from '../test/helpers/replicas.js';
 import { registerModelApi } from '../src/models/plugin.js';
 import { tgiStreamConverter } from '../src/models/tgi.js';
 import { API_VERSION, KIND, type ProxyState } from '../src/spec/types.js';
@@ -166,7 +166,8 @@ export async function modelRows(): Promise<Row[]> {
   let replica: ChildProcess | undefined;
   const app = Fastify();
   const doc = state(replicaPort);
-  const forwarder = connectForwarder(() => netConnect(replicaPort, '127.0.0.1'));
+  const replicas = replicasOf({ 'main/m': [replicaPort] });
+  const forwarder = replicaForwarder(replicas);
   try {
     replica = spawn(process.execPath, ['-e', REPLICA, String(replicaPort)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
     await new Promise<void>((resolve, reject) => {
@@ -199,7 +200,7 @@ export async function modelRows(): Promise<Row[]> {
     const d99 = median(direct.map((w) => w.p99));
     const v50 = median(via.map((w) => w.p50));
     const v99 = median(via.map((w) => w.p99));
-    const note = `direct ${d50.toFixed(2)}/${d99.toFixed(2)} ms p50/p99 at ${Math.round(median(direct.map((w) => w.rps)))} req/s; via API ${v50.toFixed(2)}/${v99.toFixed(2)} ms at ${Math.round(median(via.map((w) => w.rps)))} req/s (wrk -c16, medians of 3 alternating rounds, in-process connectForwarder over TCP; no Nginx)`;
+    const note = `direct ${d50.toFixed(2)}/${d99.toFixed(2)} ms p50/p99 at ${Math.round(median(direct.map((w) => w.rps)))} req/s; via API ${v50.toFixed(2)}/${v99.toFixed(2)} ms at ${Math.round(median(via.map((w) => w.rps)))} req/s (wrk -c16, medians of 3 alternating rounds, in-process replicaForwarder over TCP; no Nginx)`;
     rows.push({
       id: 'M2',
       name: 'model API added latency p50 (non-streaming, 16 conns)',
@@ -235,6 +236,7 @@ export async function modelRows(): Promise<Row[]> {
   } finally {
     await app.close();
     await forwarder.close();
+    await replicas.close();
     replica?.kill('SIGTERM');
     t.cleanup();
   }

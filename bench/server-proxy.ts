@@ -1,4 +1,4 @@
-// P6: the in-server proxy (its raw fast path, src/http1 over the balancer's connect()) vs Nginx proxy_pass
+// P6: the in-server proxy (its raw fast path, src/http1 over the data plane's replicas) vs Nginx proxy_pass
 // to the same replica, wrk -t1 -c16 -d5s, alternating rounds, median of 5, measured in one run:
 // a direct replica (Nginx → TCP with upstream keepalive) and an SSH replica (Nginx → the same
 // SSH loop's balancer socket → ssh2). P6c: the proxy's RSS during a 1 GiB chunked upload.

@@ -19,12 +19,12 @@ import { statsRoutes } from '../api/stats-routes.js';
 import { createControlServerAuth, noServerAuth } from '../auth/index.js';
 import type { Clock } from '../clock.js';
 import { ProxyError } from '../errors.js';
-import { connectForwarder, fileFirstSeenStore, registerModelApi } from '../models/index.js';
+import type { ReplicaRouter } from '../dataplane/index.js';
+import { fileFirstSeenStore, registerModelApi, replicaForwarder } from '../models/index.js';
 import type { Controller } from '../reconcilers/controller.js';
 import { createSshLoop, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import type { Authorize } from '../server-proxy/admit.js';
 import { registerServerProxy, type ServerProxy } from '../server-proxy/plugin.js';
-import type { ConnectFn } from '../server-proxy/upstream.js';
 import type { ProxyState } from '../spec/index.js';
 import { openStore, redactStoreUrl } from '../state/open-store.js';
 import type { StoredState } from '../state/store.js';
@@ -66,7 +66,7 @@ export interface ServerProxyServerOptions {
 /** Mount point for routes that need the same state, auth and connections (the model API). */
 export type ExtraRoutes = (
   app: FastifyInstance,
-  ctx: { getState: () => ProxyState; authorize: Authorize; connect: ConnectFn },
+  ctx: { getState: () => ProxyState; authorize: Authorize; replicas: ReplicaRouter },
 ) => Promise<void>;
 
 export interface ServerProxyDeps {
@@ -132,13 +132,24 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
       );
     },
     store: () => openStore(o.db, { logger: logger.child({ component: 'store' }), ...(deps.pollMs ? { pollMs: deps.pollMs } : {}) }),
-    // Tunnels: the SSH loop in-process, eager for every replica; connections via its balancer.
+    // Tunnels: the SSH loop in-process, eager for every replica; requests via its replicas.
     async loops(d) {
       if (!stateDir) {
         const dir = (stateDir = await mkdtemp(join(tmpdir(), 'dstack-proxy-')));
         d.defer(() => rm(dir, { recursive: true, force: true }));
       }
-      ssh = createSshLoop({ stateDir, ...(deps.ssh ?? {}) });
+      // The data plane's timeouts are the proxy's: the SSH loop creates it.
+      const { replicas: replicaOptions, ...sshOptions } = deps.ssh ?? {};
+      ssh = createSshLoop({
+        stateDir,
+        ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
+        ...sshOptions,
+        replicas: {
+          logger: logger.child({ component: 'dataplane' }),
+          ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
+          ...replicaOptions,
+        },
+      });
       return [ssh];
     },
     async listeners(d) {
@@ -147,22 +158,19 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
         : noServerAuth;
       d.defer(() => auth.close());
       const authorize: Authorize = deps.authorize ?? ((project, token) => auth.check(project, token));
-      const connect: ConnectFn = (key) => ssh.replicas.open(key);
-      const models = connectForwarder(connect);
-      d.defer(() => models.close());
+      // One data plane for /proxy/services and /proxy/models: one choice, one set of pools.
+      const replicas: ReplicaRouter = ssh.replicas;
+      const models = replicaForwarder(replicas);
       const getState = (): ProxyState => d.current().state;
-      const timeouts = {
-        ...(o.connectTimeoutMs ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
-        ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
-      };
       const proxyRoutes: RouteModule[] = [
         async (a) => {
           proxy = await registerServerProxy(a, {
             getState,
-            connect,
+            replicas,
             authorize,
             logger: logger.child({ component: 'proxy' }),
-            ...timeouts,
+            // The WebSocket idle timeout; HTTP's are the data plane's (above).
+            ...(o.readTimeoutMs ? { readTimeoutMs: o.readTimeoutMs } : {}),
             ...clock,
           });
         },
@@ -175,7 +183,7 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
             firstSeen: fileFirstSeenStore(join(stateDir!, 'models.json')),
             ...clock,
           }),
-        ...(deps.extraRoutes ? [async (a: FastifyInstance) => deps.extraRoutes!(a, { getState, authorize, connect })] : []),
+        ...(deps.extraRoutes ? [async (a: FastifyInstance) => deps.extraRoutes!(a, { getState, authorize, replicas })] : []),
       ];
       const managementRoutes: RouteModule[] = [async (a, guard) => a.register(statsRoutes, { collector: proxy!.stats, getState, guard })];
       const token = apiToken ? { apiToken } : {};

@@ -10,3 +10,4 @@ export {
   type ReplicasOptions,
   type Upstream,
 } from './replicas.js';
+export type { ReplicaRouter } from './router.js';

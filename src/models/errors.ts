@@ -1,6 +1,8 @@
 // Errors of the model API. Bodies are understood by both kinds of client: dstack's (which read
 // `detail`) and the OpenAI SDKs (which read `error.message` and map the status to a class).
 
+import { DataPlaneError, statusFor } from '../dataplane/errors.js';
+
 export type ModelErrorType =
   'invalid_request_error' | 'permission_error' | 'not_found_error' | 'upstream_error' | 'server_error' | 'timeout_error';
 
@@ -56,12 +58,20 @@ const TIMEOUT_CODES = new Set([
 ]);
 
 /**
- * Any error as a ModelApiError: network failures of the forwarder become 502/504; an error that
- * carries its own HTTP status (the SSH balancer's "no ready replica" is a 503, on the error or
- * as the cause of a connect failure) keeps it; the rest 500.
+ * Any error as a ModelApiError: the data plane's failures (on the error or as its cause) get the
+ * status and text every other path gives them (statusFor: no Ready replica 503 with dstack's
+ * text, every replica failed 502, too slow 504); network failures of the forwarder become
+ * 502/504; an error that carries its own HTTP status keeps it; the rest 500.
  */
-export function toModelError(err: unknown): ModelApiError {
+export function toModelError(err: unknown, serviceKey?: string): ModelApiError {
   if (err instanceof ModelApiError) return err;
+  const dp = dataPlaneError(err);
+  if (dp !== undefined) {
+    const a = statusFor(dp, serviceKey ?? '');
+    // Without the service's key the error's own text (which names it) stands in for dstack's.
+    const message = serviceKey === undefined ? dp.message : a.detail;
+    return new ModelApiError(a.status, message, { cause: err });
+  }
   const withStatus = statusCarrier(err);
   if (withStatus) return new ModelApiError(withStatus.status, withStatus.message, { cause: err });
   const code = typeof err === 'object' && err !== null && 'code' in err ? String((err as { code: unknown }).code) : '';
@@ -73,6 +83,13 @@ export function toModelError(err: unknown): ModelApiError {
     return new ModelApiError(502, `Error requesting model: ${message}`, { cause: err });
   }
   return new ModelApiError(500, 'Internal error', { cause: err });
+}
+
+function dataPlaneError(err: unknown): DataPlaneError | undefined {
+  for (let e = err, depth = 0; typeof e === 'object' && e !== null && depth < 4; e = (e as { cause?: unknown }).cause, depth++) {
+    if (e instanceof DataPlaneError) return e;
+  }
+  return undefined;
 }
 
 /** The error, or one of its causes, that says which HTTP status it means (5xx only). */

@@ -3,13 +3,16 @@
 // request) on the internal listener — a Unix socket only the gateway can connect to, whose
 // servers skip auth_request (the plugin checked the token) and take the client's address from the
 // X-Real-IP sent here, so limits keyed by address or header count per client; the in-server
-// proxy through the SSH loop's `connect(serviceKey)`. Both send with the lean HTTP/1.1 client of src/http1, keep connections
-// alive, stream the response body, and read a small non-streaming answer whole (upstream.ts).
+// proxy through the data plane (the SSH loop's `replicas`), the same per-request choice and
+// per-replica pools as /proxy/services. Both send with the lean HTTP/1.1 client of src/http1,
+// keep connections alive, stream the response body, and read a small non-streaming answer whole
+// (upstream.ts).
 
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
 import { connect as netConnect, isIP } from 'node:net';
-import { Http1Pool, type ConnectFn } from '../http1/index.js';
+import type { ReplicaRouter } from '../dataplane/router.js';
+import { Http1Pool } from '../http1/index.js';
 import type { Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { ModelApiError } from './errors.js';
@@ -105,7 +108,7 @@ export function nginxForwarder(o: NginxForwarderOptions): Forwarder {
     async forward(service, req) {
       if (!service.domain) throw new ModelApiError(503, `Service ${serviceKey(service)} has no domain on this gateway`);
       const headers = ['host', service.domain, ...JSON_HEADERS, ...clientHeaders(service, req.client)];
-      return exchange(pool, { method: 'POST', path: req.path, headers, body: req.body }, req.signal);
+      return exchange((r, h) => pool.dispatch(r, h), { method: 'POST', path: req.path, headers, body: req.body }, req.signal);
     },
     close: () => pool.close(),
   };
@@ -129,43 +132,21 @@ function clientHeaders(service: Service, client: ForwardedClient | undefined): s
   return out;
 }
 
-export interface ConnectForwarderOptions extends ForwarderTimeouts {
-  /** Most keep-alive connections per service. Default 64. */
-  connectionsPerService?: number;
-}
-
 /**
- * Forwards over streams from `connect(serviceKey)`: one keep-alive Http1Pool per service whose
- * connections are those Duplexes (a lean client: this hop is most of the API's per-request CPU).
- * A `connect` that throws a ModelApiError (say 503, no Ready replica) gives the client that
- * status; any other failure is a 502.
+ * Forwards through the data plane: each request goes to the Ready replica of the service with the
+ * fewest in flight, on that replica's keep-alive pool (shared with /proxy/services); connect and
+ * read timeouts are the data plane's. Its failures (no Ready replica: 503) become the client's
+ * status through toModelError.
  */
-export function connectForwarder(connect: ConnectFn, o: ConnectForwarderOptions = {}): Forwarder {
-  const pools = new Map<string, { pool: Http1Pool; headers: readonly string[] }>(); // service key → pool
-  const poolFor = (service: Service): { pool: Http1Pool; headers: readonly string[] } => {
-    const key = serviceKey(service);
-    let p = pools.get(key);
-    if (p === undefined) {
-      const host = service.domain ?? `svc-${pools.size + 1}.models.internal`;
-      const pool = new Http1Pool({
-        connect: async () => connect(key),
-        host,
-        maxConnections: o.connectionsPerService ?? 64,
-        headersTimeoutMs: o.headersTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS,
-        bodyTimeoutMs: o.bodyTimeoutMs ?? DEFAULT_UPSTREAM_TIMEOUT_MS,
-      });
-      p = { pool, headers: ['host', host, ...JSON_HEADERS] };
-      pools.set(key, p);
-    }
-    return p;
-  };
+export function replicaForwarder(replicas: ReplicaRouter): Forwarder {
   return {
     forward(service, req) {
-      const { pool, headers } = poolFor(service);
-      return exchange(pool, { method: 'POST', path: req.path, headers, body: req.body }, req.signal);
+      const key = serviceKey(service);
+      // A replica's own name for itself is unknown here: the service's domain when it has one.
+      const headers = ['host', service.domain ?? 'localhost', ...JSON_HEADERS];
+      return exchange((r, h) => replicas.dispatch(key, r, h), { method: 'POST', path: req.path, headers, body: req.body }, req.signal);
     },
-    async close() {
-      await Promise.all([...pools.values()].map(({ pool }) => pool.close()));
-    },
+    // The pools are the data plane's, closed with it.
+    close: async () => undefined,
   };
 }

@@ -1,7 +1,6 @@
 export { registerModelApi, type ModelApiOptions } from './plugin.js';
-export { nginxForwarder, connectForwarder, entrypointClient, peerClient } from './forwarders.js';
+export { nginxForwarder, replicaForwarder, entrypointClient, peerClient } from './forwarders.js';
 export type { ForwardedClient, Forwarder, UpstreamRequest, UpstreamResponse } from './types.js';
-export type { ConnectFn } from '../http1/index.js';
 export { fileFirstSeenStore, memoryFirstSeenStore, modelKey, type FirstSeenStore } from './first-seen.js';
 export { observeModels, catalogOf } from './catalog.js';
 export { ModelApiError } from './errors.js';

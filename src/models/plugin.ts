@@ -148,7 +148,7 @@ export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions)
         try {
           res = await o.forward(service, { path, body, signal: abort, client });
         } catch (err) {
-          throw toModelError(err);
+          throw toModelError(err, serviceKey(service));
         }
         if (res.status < 200 || res.status > 299) {
           const text = await readCapped(res.body, MAX_ERROR_BODY).catch(() => '');

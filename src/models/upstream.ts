@@ -1,33 +1,28 @@
-// One chat request on an Http1Pool, as the plugin wants the answer: a small non-streaming answer
+// One chat request on an Http1Pool or through the data plane, as the plugin wants the answer: a small non-streaming answer
 // of known length whole, in one Buffer (sent to the client in one write with its length, with no
 // stream plumbing: most answers without `stream` are a few KiB), anything else (an event stream,
 // a large or unsized body) as a Readable that reads from the replica only as fast as the client
 // takes it.
 
 import { Readable } from 'node:stream';
-import {
-  headerObject,
-  Http1Error,
-  withErrorPath,
-  type Http1Exchange,
-  type Http1Handler,
-  type Http1Pool,
-  type Http1Request,
-} from '../http1/index.js';
+import { headerObject, Http1Error, withErrorPath, type Http1Exchange, type Http1Handler, type Http1Request } from '../http1/index.js';
 import type { ClientAbort, UpstreamResponse } from './types.js';
 
 /** A non-streaming answer up to this size is read whole before the promise resolves. */
 export const MAX_WHOLE_BODY = 64 * 1024; // 64 KiB
 
+/** Sends a request: a pool's dispatch, or the data plane's for one service. */
+export type Send = (req: Http1Request, handler: Http1Handler) => Http1Exchange;
+
 /** Sends `req`; `signal` aborting (the client went away) closes the connection to the replica. */
-export function exchange(pool: Http1Pool, req: Http1Request, signal: ClientAbort): Promise<UpstreamResponse> {
+export function exchange(send: Send, req: Http1Request, signal: ClientAbort): Promise<UpstreamResponse> {
   return new Promise((resolve, reject) => {
     if (signal.aborted) {
       reject(aborted());
       return;
     }
     const h = new AnswerHandler(resolve, reject);
-    const ex = pool.dispatch(req, h);
+    const ex = send(req, h);
     h.exchange = ex;
     // The emitter lives as long as the request: no need to take the listener off. After the
     // answer is complete abort() does nothing.

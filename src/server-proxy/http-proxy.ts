@@ -1,5 +1,5 @@
-// One proxied HTTP request: admit (404/403/429/413) → pick a pooled connection to a Ready
-// replica → stream the body up (counted against clientMaxBodySize when it has no length) →
+// One proxied HTTP request: admit (404/403/429/413) → the data plane picks a Ready replica for
+// this request and sends it on that replica's keep-alive pool → stream the body up (counted against clientMaxBodySize when it has no length) →
 // stream the response down with the replica's status. Nothing is buffered: response chunks are
 // written to the ServerResponse as they arrive and the replica's socket is paused until it
 // drains; the request stream is read only as fast as the replica takes it.
@@ -8,11 +8,12 @@
 // dispatch() (no promise, no AbortController, no parsed header object), admission synchronous
 // unless the service uses proxy auth, the stats count taken when the response closes.
 //
-// Failures: no response head → 502 (504 for the read timeout, 503 when no replica is Ready);
-// another replica is tried only while opening a connection (the balancer's connect()). A
-// keep-alive connection that the replica closed just as our request arrived (nothing answered)
-// is retried once on a fresh connection for idempotent requests without a streamed body; a POST,
-// or any request with a body, then fails with 502 rather than risk sending it twice.
+// Failures: the data plane tries another replica when a connection cannot be opened, and sends
+// an idempotent request without a streamed body once more elsewhere when the replica closed
+// before answering; a POST, or a streamed body, then fails rather than risk sending it twice.
+// Whatever failure is left is answered as the data plane's catalog says (statusFor): 503 no
+// Ready replica, 502 the replica failed, 504 too slow, 413 body too large, nothing for a client
+// that left.
 
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import { STATUS_CODES } from 'node:http';
@@ -22,10 +23,11 @@ import type { Logger } from 'pino';
 import { hasDuplicateHost, withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
 import { hasBody, sendDetail } from '../dataplane/detail.js';
+import { DataPlaneError, statusFor } from '../dataplane/errors.js';
+import type { ReplicaRouter } from '../dataplane/router.js';
 import { downstreamRawHeaders, upstreamRequestHeaders } from './headers.js';
 import { parseProxyTarget, upstreamTarget, type ProxyTarget } from './paths.js';
 import type { InProcessStats } from './stats.js';
-import { upstreamError, type UpstreamPools } from './upstream.js';
 
 /** What the proxy reads of a request: Node's IncomingMessage, or one read by the raw fast path (raw/connection.ts). */
 export interface ProxyRequest {
@@ -55,18 +57,10 @@ export interface ProxyResponse {
 }
 
 export interface HttpProxyContext extends AdmitContext {
-  pools: UpstreamPools;
+  /** The data plane: the replica for each request, and its keep-alive pool. */
+  replicas: ReplicaRouter;
   stats: InProcessStats;
   logger?: Logger;
-}
-
-/** The request body passed clientMaxBodySize while streaming. */
-export class BodyTooLargeError extends Error {
-  readonly code = 'DP_BODY_TOO_LARGE';
-  constructor(readonly limit: number) {
-    super(`Request body is larger than ${limit} bytes`);
-    this.name = 'BodyTooLargeError';
-  }
 }
 
 /**
@@ -87,14 +81,14 @@ class LimitedBody extends Transform {
     source.on('error', (err: Error) => this.destroy(err));
     // A request that closes before its last byte: the body ends with an error, not a short 'end'.
     source.once('close', () => {
-      if (!source.complete) this.destroy(new ClientClosedError('the client closed the connection mid-body'));
+      if (!source.complete) this.destroy(new DataPlaneError('DP_ERR_CLIENT_CLOSED', 'the client closed the connection mid-body'));
     });
     source.pipe(this);
   }
 
   override _transform(chunk: Buffer, _encoding: BufferEncoding, cb: TransformCallback): void {
     this.#n += chunk.length;
-    if (this.#n > this.limit) cb(new BodyTooLargeError(this.limit));
+    if (this.#n > this.limit) cb(new DataPlaneError('DP_ERR_BODY_TOO_LARGE', `Request body is larger than ${this.limit} bytes`));
     else cb(null, chunk);
   }
 }
@@ -155,19 +149,15 @@ function relay(
   // 3. Relay: headers and body as they come.
   const handler = new RelayHandler(ctx, req, res, key, started);
   res.on('close', handler.onClientClose); // once: a response closes once, without a wrapper per request
-  handler.exchange = ctx.pools.get(key).dispatch(
+  handler.exchange = ctx.replicas.dispatch(
+    key,
     // Method, target and headers passed Node's parser (plus our X-Forwarded-* from the socket): no second check.
     { method: req.method ?? 'GET', path: upstreamTarget(t, service.stripPrefix), headers, body, validated: true },
     handler,
   );
 }
 
-/** The client went away: why the upstream request was aborted. */
-class ClientClosedError extends Error {
-  readonly code = 'DP_CLIENT_CLOSED';
-}
-
-/** The pool's handler for one request, writing straight into the ServerResponse. */
+/** The data plane's handler for one request, writing straight into the ServerResponse. */
 class RelayHandler implements Http1Handler {
   exchange: Http1Exchange | null = null;
   #clientGone = false;
@@ -186,7 +176,7 @@ class RelayHandler implements Http1Handler {
     this.ctx.stats.record(this.key, performance.now() - this.started);
     if (this.res.writableFinished || this.#done) return;
     this.#clientGone = true;
-    this.exchange?.abort(new ClientClosedError('the client went away'));
+    this.exchange?.abort(new DataPlaneError('DP_ERR_CLIENT_CLOSED', 'the client went away'));
   };
 
   readonly #onDrain = (): void => {
@@ -223,14 +213,15 @@ class RelayHandler implements Http1Handler {
     this.#done = true;
     const { ctx, req, res, key } = this;
     if (this.#clientGone) return;
-    if (err instanceof BodyTooLargeError) return sendDetail(req, res, 413, err.message);
-    if (res.headersSent) {
+    const e = statusFor(err, key);
+    // Past the head the status is sent: a cut connection is all the client can be told. A client
+    // that left mid-body gets no answer.
+    if (res.headersSent || e.code === 'DP_ERR_CLIENT_CLOSED') {
       ctx.logger?.debug({ service: key, err: err.message }, 'upstream response cut short');
       res.destroy();
       return;
     }
-    const e = upstreamError(err, key);
-    ctx.logger?.warn({ service: key, status: e.status, err: err.message }, 'upstream request failed');
+    if (e.status >= 500) ctx.logger?.warn({ service: key, status: e.status, err: err.message }, 'upstream request failed');
     sendDetail(req, res, e.status, e.detail);
   }
 }

@@ -4,4 +4,4 @@ export { RateLimiter, longestPrefix } from './rate-limit.js';
 export { downstreamRawHeaders, downstreamResponseHeaders, upstreamRequestHeaders, HOP_BY_HOP } from './headers.js';
 export { parseProxyTarget, upstreamTarget, SERVICES_PREFIX } from './paths.js';
 export type { Authorize } from './admit.js';
-export type { ConnectFn } from './upstream.js';
+export type { ReplicaRouter } from '../dataplane/router.js';

@@ -1,7 +1,8 @@
 // registerServerProxy(app, options): `/proxy/services/:project/:run[/*]` on a fastify app,
 // for every method, plus WebSocket upgrades on app.server. A host server passes its own
-// getState/connect/authorize; the standalone `server-proxy` command passes the database
-// document, the in-process SSH loop's balancer and the control-server check.
+// getState/replicas/authorize; the standalone `server-proxy` command passes the database
+// document, the in-process SSH loop's replicas (the data plane: per-request choice, per-replica
+// keep-alive pools, connect and read timeouts) and the control-server check.
 //
 // The proxy runs in the route's onRequest hook and hijacks the reply there: fastify never reads
 // or parses the body (no content-type parser, no bodyLimit, no 415 for odd media types).
@@ -14,33 +15,32 @@ import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { ProxyState, Service } from '../spec/types.js';
-import { serviceKey } from '../spec/types.js';
 import { ServiceIndex, type Authorize } from './admit.js';
 import { rawDetail, sendDetail } from '../dataplane/detail.js';
+import { DEFAULT_READ_TIMEOUT_MS } from '../dataplane/replicas.js';
+import type { ReplicaRouter } from '../dataplane/router.js';
 import { plainIp } from './headers.js';
 import { installFastPath } from './fast-path.js';
 import { proxyHttp, type HttpProxyContext } from './http-proxy.js';
 import { SERVICES_PREFIX } from './paths.js';
 import { RateLimiter } from './rate-limit.js';
 import { createInProcessStats, type InProcessStats } from './stats.js';
-import { DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_READ_TIMEOUT_MS, UpstreamPools, type ConnectFn } from './upstream.js';
 import { handleUpgrade, type UpgradeContext } from './websocket.js';
 
 export interface ServerProxyOptions {
   /** The current document; called per request (cheap: the service index is rebuilt only when the object changes). */
   getState: () => ProxyState;
-  /** A new stream to a Ready replica of the service (the SSH loop's `balancer.connect`). */
-  connect: ConnectFn;
+  /** The data plane (the SSH loop's `replicas`): a replica per request, or a stream pinned to one. */
+  replicas: ReplicaRouter;
   /** Is `token` a member's token of `project`? Asked only for services with `auth: true`. */
   authorize: Authorize;
   /** Where requests are counted. Default a new in-process collector. */
   stats?: InProcessStats;
-  /** Opening a connection to a replica. Default 10 s; past it → 504. */
-  connectTimeoutMs?: number;
-  /** Waiting for response headers, and silence between body chunks. Default 300 s; before headers → 504. */
+  /**
+   * A WebSocket with no bytes either way for this long is closed. Default 300 s. (HTTP's connect
+   * and read timeouts are the data plane's own options.)
+   */
   readTimeoutMs?: number;
-  /** Keep-alive connections per service at most. Default 256. */
-  connectionsPerService?: number;
   /** For rate limits and stats. Default the system clock. */
   clock?: { now(): number };
   logger?: Logger;
@@ -55,41 +55,30 @@ export interface ServerProxyOptions {
 export interface ServerProxy {
   stats: InProcessStats;
   limiter: RateLimiter;
-  pools: UpstreamPools;
 }
 
 export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOptions): Promise<ServerProxy> {
-  if (typeof o.getState !== 'function' || typeof o.connect !== 'function' || typeof o.authorize !== 'function') {
-    throw new TypeError('registerServerProxy needs getState, connect and authorize functions');
+  const r = o.replicas as Partial<ReplicaRouter> | undefined;
+  if (
+    typeof o.getState !== 'function' ||
+    typeof r?.dispatch !== 'function' ||
+    typeof r.open !== 'function' ||
+    typeof o.authorize !== 'function'
+  ) {
+    throw new TypeError('registerServerProxy needs getState and authorize functions and replicas (dispatch, open)');
   }
-  const connectTimeoutMs = o.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
   const readTimeoutMs = o.readTimeoutMs ?? DEFAULT_READ_TIMEOUT_MS;
-  for (const [name, v] of [
-    ['connectTimeoutMs', connectTimeoutMs],
-    ['readTimeoutMs', readTimeoutMs],
-  ] as const) {
-    if (!Number.isFinite(v) || v <= 0) throw new TypeError(`registerServerProxy: ${name} must be > 0, got ${v}`);
-  }
+  if (!Number.isFinite(readTimeoutMs) || readTimeoutMs <= 0)
+    throw new TypeError(`registerServerProxy: readTimeoutMs must be > 0, got ${readTimeoutMs}`);
   const stats = o.stats ?? createInProcessStats(o.clock ? { clock: o.clock } : {});
   const limiter = new RateLimiter(o.clock ? { clock: o.clock } : {});
-  const pools = new UpstreamPools({
-    connect: o.connect,
-    connectTimeoutMs,
-    readTimeoutMs,
-    ...(o.connectionsPerService ? { connectionsPerService: o.connectionsPerService } : {}),
-  });
-  const onServices = (services: readonly Service[]): void => {
-    pools.retain(new Set(services.map(serviceKey)));
-    limiter.retain(services);
-  };
+  const onServices = (services: readonly Service[]): void => limiter.retain(services);
   const ctx: UpgradeContext & HttpProxyContext = {
     index: new ServiceIndex(o.getState, onServices),
     authorize: o.authorize,
     limiter,
-    pools,
+    replicas: o.replicas,
     stats,
-    connect: o.connect,
-    connectTimeoutMs,
     readTimeoutMs,
     ...(o.logger ? { logger: o.logger } : {}),
   };
@@ -112,7 +101,10 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     async (scope) => {
       scope.all('/:project/:run', { onRequest }, unreachable);
       scope.all('/:project/:run/*', { onRequest }, unreachable);
-      scope.setNotFoundHandler((_req, reply) => reply.code(404).send({ detail: 'Not Found' }));
+      scope.setNotFoundHandler((req, reply) => {
+        reply.hijack();
+        sendDetail(req.raw, reply.raw, 404, 'Not Found');
+      });
     },
     { prefix: SERVICES_PREFIX },
   );
@@ -137,8 +129,5 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     app.server.off('upgrade', onUpgrade);
     for (const s of upgraded) s.destroy();
   });
-  app.addHook('onClose', async () => {
-    await pools.close();
-  });
-  return { stats, limiter, pools };
+  return { stats, limiter };
 }

@@ -1,6 +1,7 @@
 // WebSocket (and any other Upgrade) through the in-server proxy, which dstack refuses:
-// the same admission as HTTP, then the handshake is written to a fresh connection from
-// connect(serviceKey) and both sockets are piped until either side closes, or until nothing
+// the same admission as HTTP, then the handshake is written to a raw stream the data plane pins
+// to one replica (`open`: counted in flight there for the stream's whole life, never moved to
+// another replica) and both sockets are piped until either side closes, or until nothing
 // has moved either way for the read timeout (like Nginx's proxy_read_timeout on an upgraded
 // connection; a WebSocket kept open by pings is never idle). The replica's 101 (or refusal)
 // reaches the client byte for byte.
@@ -12,14 +13,12 @@ import type { Duplex } from 'node:stream';
 import { hasDuplicateHost } from '../http1/index.js';
 import { admit } from './admit.js';
 import { rawDetail, rawReply } from '../dataplane/detail.js';
+import { statusFor } from '../dataplane/errors.js';
 import { upstreamRequestHeaders } from './headers.js';
 import type { HttpProxyContext } from './http-proxy.js';
 import { parseProxyTarget, upstreamTarget } from './paths.js';
-import { connectWithTimeout, upstreamError, type ConnectFn } from './upstream.js';
 
 export interface UpgradeContext extends HttpProxyContext {
-  connect: ConnectFn;
-  connectTimeoutMs: number;
   /** No bytes either way for this long closes both sockets. */
   readTimeoutMs: number;
 }
@@ -47,9 +46,10 @@ export function handleUpgrade(
     if (!a.ok) return rawDetail(socket, a.status, a.detail);
     let up: Duplex;
     try {
-      up = await connectWithTimeout(ctx.connect, a.key, ctx.connectTimeoutMs);
+      up = await ctx.replicas.open(a.key);
     } catch (err) {
-      const e = upstreamError(err, a.key);
+      const e = statusFor(err, a.key);
+      ctx.logger?.warn({ service: a.key, status: e.status, err: (err as Error).message }, 'upstream upgrade failed');
       return rawDetail(socket, e.status, e.detail);
     }
     if (socket.destroyed) return void up.destroy();

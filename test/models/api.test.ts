@@ -1,12 +1,12 @@
 // The model API end to end with the official OpenAI SDK as the client, over stand-in replicas
-// reached through connectForwarder (TCP to the replica; the gateway's Nginx path is in
+// reached through replicaForwarder over a real data plane (TCP to the replica; the gateway's Nginx path is in
 // nginx-forwarder.test.ts).
 
 import OpenAI from 'openai';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createControlServerAuth } from '../../src/auth/index.js';
-import { ModelApiError } from '../../src/models/errors.js';
-import { connectForwarder } from '../../src/models/forwarders.js';
+import { replicaForwarder } from '../../src/models/forwarders.js';
+import { replicasOf } from '../helpers/replicas.js';
 import { freePort } from '../helpers/ports.js';
 import { documentFor, startApi, type ApiHarness } from './fixtures.js';
 import { Gate, openaiChunk, sse, startOpenAIReplica, startTgiReplica, tgiToken, type Replica } from './replicas.js';
@@ -270,10 +270,9 @@ describe('openai format', () => {
     }
   });
 
-  it('a connect() that finds no Ready replica gives its 503 to the client', async () => {
-    const none = connectForwarder(() => {
-      throw new ModelApiError(503, 'no Ready replica for main/oa');
-    });
+  it('a data plane with no Ready replica gives its 503 to the client', async () => {
+    const down = replicasOf({ 'main/oa': [{ isReady: () => false, open: () => Promise.reject(new Error('never opened')) }] });
+    const none = replicaForwarder(down);
     const h = await startApi(api.state.current, { forwarder: none });
     try {
       const err = await h
@@ -281,9 +280,10 @@ describe('openai format', () => {
         .chat.completions.create({ model: 'org/oa-model', messages: user })
         .catch((e: unknown) => e);
       expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(503);
-      expect((err as Error).message).toBe('503 no Ready replica for main/oa');
+      expect((err as Error).message).toBe('503 Service main/oa has no ready replica');
     } finally {
       await h.close();
+      await down.close();
     }
   });
 

@@ -1,14 +1,15 @@
 // A fastify app with the model API over stand-in replicas, and a document describing them.
 
-import { connect as netConnect } from 'node:net';
+import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance } from 'fastify';
 import OpenAI from 'openai';
 import type { AuthDecision } from '../../src/auth/index.js';
-import { connectForwarder } from '../../src/models/forwarders.js';
+import { Replicas, type ReplicaRouter } from '../../src/dataplane/index.js';
+import { replicaForwarder } from '../../src/models/forwarders.js';
 import type { Forwarder } from '../../src/models/types.js';
-import { ModelApiError } from '../../src/models/errors.js';
 import { memoryFirstSeenStore, type FirstSeenStore } from '../../src/models/first-seen.js';
 import { registerModelApi } from '../../src/models/plugin.js';
+import { tcpUpstream } from '../helpers/replicas.js';
 import { API_VERSION, KIND, type ProxyState, type Service } from '../../src/spec/types.js';
 
 export const CHATML =
@@ -47,14 +48,32 @@ export function documentFor(ports: { openai: number; tgi: number }, tgiTemplate 
   };
 }
 
-/** Reaches a replica by TCP at the port its document entry names (what the SSH balancer would do). */
+/**
+ * Reaches a replica by TCP at the port its document entry names, through a real data plane
+ * (Replicas): each service gets one replica, Ready while the current document gives it an address.
+ */
 export function directForwarder(getState: () => ProxyState): Forwarder {
-  return connectForwarder((key) => {
-    const s = getState().spec.services.find((x) => `${x.project}/${x.run}` === key);
-    const target = s?.replicas[0]?.direct;
-    if (!target) throw new ModelApiError(503, `no Ready replica for ${key}`);
-    return netConnect(target.port, target.host);
-  });
+  const replicas = new Replicas();
+  const target = (key: string): { host: string; port: number } | undefined =>
+    getState().spec.services.find((x) => `${x.project}/${x.run}` === key)?.replicas[0]?.direct;
+  const known = new Set<string>();
+  const ensure = (key: string): void => {
+    if (known.has(key)) return;
+    known.add(key);
+    const ready = (): boolean => target(key) !== undefined;
+    const open = (): Promise<Duplex> => {
+      const t = target(key);
+      if (!t) return Promise.reject(new Error(`${key} has no address`));
+      return tcpUpstream(t.port, t.host).open();
+    };
+    replicas.set(key, `${key}#0`, { isReady: ready, open });
+  };
+  const router: ReplicaRouter = {
+    dispatch: (key, req, handler) => (ensure(key), replicas.dispatch(key, req, handler)),
+    open: (key) => (ensure(key), replicas.open(key)),
+  };
+  const f = replicaForwarder(router);
+  return { forward: (service, req) => f.forward(service, req), close: () => replicas.close() };
 }
 
 export interface ApiHarness {

@@ -3,6 +3,7 @@
 // upstream to reach" (502/503) pages mean the model is not served yet, a 503.
 
 import { describe, expect, it } from 'vitest';
+import { DataPlaneError, noReadyReplica } from '../../src/dataplane/errors.js';
 import { toModelError, upstreamError } from '../../src/models/errors.js';
 
 const NGINX_404 =
@@ -32,5 +33,22 @@ describe('toModelError', () => {
     expect(toModelError(new Error('connect failed', { cause: noReady })).status).toBe(503);
     expect(toModelError(Object.assign(new Error('refused'), { code: 'ECONNREFUSED' })).status).toBe(502);
     expect(toModelError(new Error('a bug')).status).toBe(500);
+  });
+
+  it("gives the data plane's failures the catalog's status and text (statusFor), also as a cause", () => {
+    expect(toModelError(noReadyReplica('main/x'), 'main/x')).toMatchObject({
+      status: 503,
+      message: 'Service main/x has no ready replica',
+      type: 'upstream_error',
+    });
+    expect(toModelError(new Error('wrapped', { cause: noReadyReplica('main/x') }), 'main/x').status).toBe(503);
+    expect(toModelError(noReadyReplica('main/x')).message).toBe('Service main/x has no ready replica');
+    const timeout = toModelError(new DataPlaneError('DP_ERR_UPSTREAM_TIMEOUT'), 'main/x');
+    expect(timeout).toMatchObject({ status: 504, message: 'Timed out requesting upstream', type: 'timeout_error' });
+    const failed = toModelError(
+      new DataPlaneError('DP_ERR_UPSTREAM_FAILED', 'every Ready replica of main/x failed: ECONNREFUSED'),
+      'main/x',
+    );
+    expect(failed).toMatchObject({ status: 502, message: 'Error requesting upstream' });
   });
 });

@@ -3,7 +3,6 @@
 
 import { fastify, type FastifyInstance } from 'fastify';
 import { request as httpRequest, type Agent, type IncomingHttpHeaders } from 'node:http';
-import { connect as netConnect } from 'node:net';
 import { Readable } from 'node:stream';
 import { pino } from 'pino';
 import { registerServerProxy } from '../../src/server-proxy/plugin.js';
@@ -15,6 +14,7 @@ import {
 } from '../../src/daemon/server-proxy.js';
 import { emptyState, type ProxyState, type Service } from '../../src/spec/types.js';
 import { eventually } from '../helpers/nginx.js';
+import { replicasOf, tcpUpstream } from '../helpers/replicas.js';
 import { tmpDir } from '../helpers/tmp.js';
 
 export interface Reply {
@@ -160,16 +160,13 @@ export async function startPluginApp(
     replicas: [{ id: 'a', appPort: replicaPort, direct: { host: '127.0.0.1', port: replicaPort } }],
   } as unknown as Service);
   let connects = 0;
+  const replicas = replicasOf({ 'p/r': [tcpUpstream(replicaPort, '127.0.0.1', () => connects++)] });
   const app = fastify();
   app.get('/other', async () => ({ fastify: true }));
+  app.addHook('onClose', () => replicas.close());
   await registerServerProxy(app, {
     getState: () => state,
-    connect: async () => {
-      connects++;
-      const s = netConnect(replicaPort, '127.0.0.1');
-      await new Promise((resolve, reject) => s.once('connect', resolve).once('error', reject));
-      return s;
-    },
+    replicas,
     authorize: async () => 'allow',
     ...(o.fastPath === undefined ? {} : { fastPath: o.fastPath }),
   });

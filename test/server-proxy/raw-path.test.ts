@@ -7,6 +7,7 @@ import { createServer, type Server } from 'node:http';
 import { connect as netConnect, type Socket } from 'node:net';
 import { fastify } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Replicas } from '../../src/dataplane/index.js';
 import { registerServerProxy } from '../../src/server-proxy/plugin.js';
 import { emptyState } from '../../src/spec/types.js';
 import { close } from '../helpers/http.js';
@@ -257,7 +258,7 @@ describe('in-server proxy raw fast path', () => {
     const own = fastify();
     await registerServerProxy(own, {
       getState: () => emptyState(),
-      connect: async () => netConnect(1, '127.0.0.1'),
+      replicas: new Replicas(),
       authorize: async () => 'allow',
     });
     await own.listen({ host: '127.0.0.1', port: 0 });
