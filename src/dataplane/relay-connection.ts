@@ -161,11 +161,13 @@ export class RelayConnection {
   #badBody(body: RequestBody): void {
     this.#body = null;
     const err = new DataPlaneError('DP_ERR_BAD_REQUEST', `invalid chunked body: ${body.error}`);
-    body.destroy(err);
     const req = this.#req;
-    if (req === null) return;
-    req.keepAlive = false; // where the body ends is unknown: nothing after it can be read
-    req.exchange?.abort(err);
+    if (req !== null) {
+      req.keepAlive = false; // where the body ends is unknown: nothing after it can be read
+      req.exchange?.abort(err);
+    }
+    // Without an error: a body still queued for a connection has no 'error' listener yet.
+    body.destroy();
   }
 
   /** The request's answer was written whole. */

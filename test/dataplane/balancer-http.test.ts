@@ -32,6 +32,8 @@ function tcpUpstream(port: number): Upstream {
 /** Gates an SSE-style answer: the replica sends its next piece only once the test let it. */
 const gates: (() => void)[] = [];
 const waitGate = (): Promise<void> => new Promise((r) => gates.push(r));
+/** Answers held by the replica until the test ends them. */
+const holds: (() => void)[] = [];
 /** The replica saw its connection close under an unfinished answer. */
 let sawAbort: (() => void) | null = null;
 
@@ -75,6 +77,7 @@ async function startReplica(name: string): Promise<Replica> {
       })();
       return;
     }
+    if (url === '/hold') return void holds.push(() => res.end('held'));
     if (url === '/hang') {
       res.writeHead(200, { 'content-type': 'text/plain' });
       res.write('first');
@@ -405,6 +408,34 @@ describe('failures', () => {
     await closed;
     expect(text.startsWith('HTTP/1.1 400 ')).toBe(true);
     expect(text).toMatch(/invalid chunked body/);
+  });
+
+  it('a chunked body going bad while its request waits for a replica connection is a 400, no crash', async () => {
+    const one = new Replicas({ connectionsPerReplica: 1 });
+    one.set('p/q', 'a', tcpUpstream(a.port));
+    const bal = new Balancer({ socketDir: join(tmp.dir, 'queue'), replicas: one });
+    expect(await bal.listenAll(['p/q'])).toEqual(new Map());
+    const sock = bal.socketPathFor('p/q');
+    try {
+      const held = send(sock, { path: '/hold' });
+      await eventually(() => (holds.length > 0 ? true : undefined));
+      // The one connection is busy: this request queues, its body arriving meanwhile.
+      const s = connect({ path: sock });
+      let text = '';
+      s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+      const closed = new Promise((r) => s.once('close', r));
+      s.write('POST /sha HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n');
+      await eventually(() => (one.loads()[0]!.inFlight === 2 ? true : undefined));
+      s.write('5\r\nhelloXX');
+      await closed;
+      expect(text.startsWith('HTTP/1.1 400 ')).toBe(true);
+      holds.shift()!();
+      expect((await held).body.toString()).toBe('held');
+      expect((await send(sock, { path: '/who' })).status).toBe(200);
+    } finally {
+      await bal.close();
+      await one.close();
+    }
   });
 
   it('a client hanging up mid-answer closes the replica connection', async () => {
