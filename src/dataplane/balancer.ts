@@ -125,8 +125,9 @@ export class Balancer {
 
   /**
    * Stops accepting on the service's socket and removes it; resolves at once. Connections
-   * already accepted (Nginx keeps idle ones pooled) keep running and end with their upstream's
-   * drain(): waiting for them here would hold up whoever removes the service.
+   * already accepted (Nginx keeps idle ones pooled) keep running: requests in flight finish
+   * within their replica's drain(), later ones get the catalog's answer, and Nginx closes the
+   * idle ones. Waiting for them here would hold up whoever removes the service.
    */
   async unlisten(serviceKey: string): Promise<void> {
     const server = this.#servers.get(serviceKey);
