@@ -316,6 +316,7 @@ class RelayRequest implements Http1Handler {
       h += 'Transfer-Encoding: chunked\r\n';
     } else this.keepAlive = false; // HTTP/1.0 has no chunked coding: the body ends with the connection
     if (!this.keepAlive) h += 'Connection: close\r\n';
+    else if (!this.#http11) h += 'Connection: keep-alive\r\n'; // HTTP/1.0 closes unless told
     this.#head = `${h}\r\n`;
   }
 

@@ -278,6 +278,38 @@ describe('bodies', () => {
   });
 });
 
+describe('HTTP/1.0', () => {
+  it('answers an HTTP/1.0 request and closes; with keep-alive it stays open for the next', async () => {
+    const text = await raw(path, 'GET /who HTTP/1.0\r\n\r\n');
+    expect(text).toMatch(/^HTTP\/1\.1 200 [^]*\r\nConnection: close\r\n\r\n\{"name":"[ab]"/);
+    const s = connect({ path });
+    let got = '';
+    s.on('data', (d: Buffer) => (got += d.toString('latin1')));
+    s.write('GET /sse HTTP/1.0\r\nConnection: keep-alive\r\n\r\n');
+    // No chunked coding for HTTP/1.0: the streamed answer ends with the connection.
+    const closed = new Promise((r) => s.once('close', r));
+    await eventually(() => (got.includes('data: 0') ? true : undefined));
+    gates.shift()!();
+    await eventually(() => (got.includes('data: 1') ? true : undefined));
+    gates.shift()!();
+    await eventually(() => (got.includes('data: 2') ? true : undefined));
+    gates.shift()!();
+    await closed;
+    expect(got).not.toMatch(/transfer-encoding/i);
+    expect(got).toMatch(/\r\nConnection: close\r\n/);
+    expect(got.endsWith('data: 0\n\ndata: 1\n\ndata: 2\n\n')).toBe(true);
+    const k = connect({ path });
+    let two = '';
+    k.on('data', (d: Buffer) => (two += d.toString('latin1')));
+    k.write('GET /who HTTP/1.0\r\nConnection: keep-alive\r\n\r\n');
+    await eventually(() => (two.includes('}') ? true : undefined));
+    expect(two).toMatch(/\r\nConnection: keep-alive\r\n/);
+    k.write('GET /who HTTP/1.0\r\n\r\n');
+    await new Promise((r) => k.once('close', r));
+    expect(two.match(/HTTP\/1\.1 200 /g)).toHaveLength(2);
+  });
+});
+
 describe('pinned connections', () => {
   it('pins an Upgrade to one replica, bytes both ways', async () => {
     const s = connect({ path });
