@@ -10,7 +10,6 @@ import { request as httpRequest } from 'node:http';
 import { WebSocket } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '../helpers/ports.js';
-import { prng } from '../helpers/prng.js';
 import { startSshdChain, type TestSshd } from '../helpers/sshd.js';
 import { tmpDir } from '../helpers/tmp.js';
 import { eventually } from '../helpers/nginx.js';
@@ -57,9 +56,7 @@ beforeAll(async () => {
   h = await startHarness(
     {},
     {
-      // Seeded: ties between equally loaded replicas are broken the same way on every run (no
-      // replica here reconnects, which would draw from it too, until the last test).
-      ssh: { appHost: '127.0.0.1', probeIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 }, random: prng(15) },
+      ssh: { appHost: '127.0.0.1', probeIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 } },
       authorize: async () => 'allow',
     },
   );
