@@ -1,16 +1,16 @@
-// The sockets Nginx connects to: one listening Unix socket per service, whose connections are
-// relayed to the service's replicas (replicas.ts makes the choice). With no replica to take a
-// connection the client gets the catalog's JSON answer.
+// The sockets Nginx connects to: one listening Unix socket per service. Each accepted connection
+// is relayed request by request (relay-connection.ts) to the replica replicas.ts chooses for each
+// request; with no replica to take a request the client gets the catalog's JSON answer.
 
 import { createHash } from 'node:crypto';
 import { chmod, chown, mkdir, unlink } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
-import { STATUS_CODES } from 'node:http';
-import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
-import { statusFor } from './errors.js';
+import { RelayConnection } from './relay-connection.js';
 import type { Replicas } from './replicas.js';
+
+export { splice } from './splice.js';
 
 export interface BalancerOptions {
   socketDir: string;
@@ -25,7 +25,11 @@ export interface BalancerOptions {
 }
 
 export interface BalancerStats {
+  /** Connections accepted. */
   accepted: number;
+  /** Requests relayed (a pinned connection, e.g. a WebSocket, counts as one). */
+  requests: number;
+  /** Requests answered by the balancer because no replica could take them (503/502/504). */
   unavailable: number;
 }
 
@@ -37,7 +41,7 @@ export function socketPathFor(socketDir: string, serviceKey: string): string {
 }
 
 export class Balancer {
-  readonly stats: BalancerStats = { accepted: 0, unavailable: 0 };
+  readonly stats: BalancerStats = { accepted: 0, requests: 0, unavailable: 0 };
   readonly #o: BalancerOptions;
   readonly #servers = new Map<string, Server>();
   /** Accepted connections, closed with the balancer. */
@@ -86,9 +90,9 @@ export class Balancer {
 
   async #bind(serviceKey: string): Promise<void> {
     const path = this.socketPathFor(serviceKey);
-    // pauseOnConnect: no read is started (and stopped again) before the upstream is open.
-    // allowHalfOpen: a client's EOF goes upstream while the reply still flows back.
-    const server = createServer({ pauseOnConnect: true, allowHalfOpen: true }, (sock) => this.#accept(serviceKey, sock));
+    // allowHalfOpen: a client's EOF ends only its side; the answer in flight (or a pinned
+    // replica's bytes) still flows back.
+    const server = createServer({ allowHalfOpen: true }, (sock) => this.#accept(serviceKey, sock));
     const listen = (): Promise<void> =>
       new Promise<void>((resolve, reject) => {
         server.once('error', reject);
@@ -142,63 +146,6 @@ export class Balancer {
     this.#clients.add(client);
     client.once('close', () => this.#clients.delete(client));
     client.on('error', () => client.destroy());
-    this.#o.replicas.open(serviceKey).then(
-      (up) => {
-        if (client.destroyed) {
-          up.destroy();
-          return;
-        }
-        splice(client, up);
-        client.resume();
-      },
-      (err: unknown) => {
-        this.stats.unavailable++;
-        client.resume(); // read and drop the request
-        const a = statusFor(err, serviceKey);
-        client.end(rawAnswer(a.status, a.detail));
-      },
-    );
+    new RelayConnection(serviceKey, client, this.#o.replicas, this.stats);
   }
-}
-
-/**
- * Joins the accepted client and the upstream stream: bytes both ways with backpressure, EOF
- * passed on, and when either side closes the other is released. Cheaper than two pipe()s
- * (no unpipe bookkeeping).
- */
-export function splice(client: Socket, up: Duplex): void {
-  const forward = (from: Duplex, to: Duplex): void => {
-    from.on('data', (chunk: Buffer) => {
-      if (to.writableEnded || to.destroyed) return; // the other side is gone: drop
-      if (to.write(chunk)) return;
-      from.pause();
-      to.once('drain', () => from.resume());
-    });
-    from.once('end', () => {
-      if (!to.writableEnded) to.end();
-    });
-  };
-  forward(client, up);
-  forward(up, client);
-  up.on('error', () => up.destroy());
-  up.once('close', () => {
-    if (!client.writableEnded) client.destroy(); // else let the ended client flush
-  });
-  client.once('close', () => {
-    // ssh2 emits a channel's 'close' only after its 'end': drain what is left unread.
-    up.resume();
-    up.destroy();
-  });
-}
-
-/** A whole `{detail}` answer that closes the connection. */
-function rawAnswer(status: number, detail: string): string {
-  const body = JSON.stringify({ detail });
-  return (
-    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}\r\n` +
-    'Content-Type: application/json\r\n' +
-    `Content-Length: ${Buffer.byteLength(body)}\r\n` +
-    'Connection: close\r\n\r\n' +
-    body
-  );
 }

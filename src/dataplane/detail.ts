@@ -66,3 +66,18 @@ export function rawReply(socket: Duplex, status: number, headers: Record<string,
 export function rawDetail(socket: Duplex, status: number, detail: string): void {
   rawReply(socket, status, { 'Content-Type': 'application/json' }, detailBody(detail));
 }
+
+/**
+ * A whole `{detail}` answer as HTTP/1.1 text, for a relay writing straight onto its socket (the
+ * balancer behind Nginx). `keepAlive` false says Connection: close; the caller then closes.
+ */
+export function detailResponse(status: number, detail: string, keepAlive: boolean): string {
+  const body = detailBody(detail);
+  return (
+    `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Unknown'}\r\n` +
+    'Content-Type: application/json\r\n' +
+    `Content-Length: ${Buffer.byteLength(body)}\r\n` +
+    (keepAlive ? '\r\n' : 'Connection: close\r\n\r\n') +
+    body
+  );
+}

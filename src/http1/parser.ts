@@ -5,6 +5,7 @@
 // ServerResponse a header it would throw on: any doubt is a ResponseParseError, and the caller
 // closes the connection. Body pieces are subarrays of the input (no copy).
 
+import { ChunkedDecoder } from './chunked.js';
 import { fieldValue, sameLower } from './field.js';
 
 export const DEFAULT_MAX_HEADER_SIZE = 64 * 1024; // 64 KiB: status line + headers, and trailers
@@ -36,26 +37,13 @@ export interface ResponseSink {
 const IDLE = 0; // no response expected: any byte is unsolicited
 const HEAD = 1;
 const LENGTH = 2;
-const CHUNK_SIZE = 3;
-const CHUNK_EXT = 4;
-const CHUNK_SIZE_LF = 5;
-const CHUNK_DATA = 6;
-const CHUNK_DATA_CR = 7;
-const CHUNK_DATA_LF = 8;
-const TRAILER_START = 9;
-const TRAILER_LINE = 10;
-const TRAILER_LINE_LF = 11;
-const TRAILER_END_LF = 12;
-const UNTIL_CLOSE = 13;
-const DONE = 14;
-const STOPPED = 15;
+const CHUNKED = 3; // chunked.ts decodes
+const UNTIL_CLOSE = 4;
+const DONE = 5;
+const STOPPED = 6;
 
 const EMPTY = Buffer.alloc(0);
 const CRLFCRLF = Buffer.from('\r\n\r\n', 'latin1');
-const CR = 13;
-const LF = 10;
-const MAX_CHUNK_SIZE_DIGITS = 12; // 2^48 bytes: far beyond any body, well inside a safe integer
-const MAX_CHUNK_EXT = 4096;
 
 /** name ":" value CRLF, repeated: token names (RFC 9110 §5.6.2), values without CTLs but HTAB. */
 const HEADER_BLOCK = /^(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*$/;
@@ -73,9 +61,7 @@ export class ResponseParser {
   /** The last (up to) 3 bytes of #parts: a terminator may straddle them and the next chunk. */
   #tail: Buffer = EMPTY;
   #remaining = 0;
-  #digits = 0;
-  #extLen = 0;
-  #trailerLen = 0;
+  readonly #chunked: ChunkedDecoder;
   #keepAlive = false;
   #received = false;
   // The final head, parsed and checked, handed to the sink once its first body bytes are checked too.
@@ -86,6 +72,7 @@ export class ResponseParser {
 
   constructor(maxHeaderSize = DEFAULT_MAX_HEADER_SIZE) {
     this.#maxHeaderSize = maxHeaderSize;
+    this.#chunked = new ChunkedDecoder(maxHeaderSize);
   }
 
   /** Expect the response to a request; `isHead`: it was a HEAD (no body whatever the headers say). */
@@ -158,19 +145,20 @@ export class ResponseParser {
         const r = this.#head(chunk, i);
         if (typeof r !== 'number') return r;
         i = r;
-      } else if (state === CHUNK_DATA) {
-        const take = Math.min(this.#remaining, n - i);
-        this.#remaining -= take;
-        if (this.#remaining === 0) this.#state = CHUNK_DATA_CR;
-        sink.onBody(chunk.subarray(i, i + take), false);
-        i += take;
-      } else if (state === UNTIL_CLOSE) {
+      } else if (state === CHUNKED) {
+        const dec = this.#chunked;
+        const r = dec.execute(chunk, i, sink);
+        if (r === -1) return new ResponseParseError(dec.error);
+        i = r;
+        if (dec.done && this.#state === CHUNKED) {
+          if (i < n) return new ResponseParseError('bytes after the end of a chunked body');
+          this.#state = DONE;
+          if (this.#sink === sink) this.#end(sink);
+        }
+      } else {
+        // UNTIL_CLOSE
         sink.onBody(i === 0 ? chunk : chunk.subarray(i), false);
         i = n;
-      } else {
-        const err = this.#chunkFraming(chunk, i);
-        if (typeof err !== 'number') return err;
-        i = err;
       }
     }
     return null;
@@ -318,9 +306,8 @@ export class ResponseParser {
     this.#length = te ? -1 : length;
     if (te) {
       if (chunked) {
-        this.#state = CHUNK_SIZE;
-        this.#remaining = 0;
-        this.#digits = 0;
+        this.#state = CHUNKED;
+        this.#chunked.reset();
       } else {
         this.#state = UNTIL_CLOSE;
         this.#keepAlive = false;
@@ -336,87 +323,4 @@ export class ResponseParser {
     }
     return null;
   }
-
-  /** The byte-level part of chunked framing: sizes, extensions, CRLFs and trailers. */
-  #chunkFraming(chunk: Buffer, from: number): number | ResponseParseError {
-    let i = from;
-    const n = chunk.length;
-    while (i < n) {
-      const c = chunk[i]!;
-      switch (this.#state) {
-        case CHUNK_SIZE: {
-          const v = hexValue(c);
-          if (v !== -1) {
-            if (++this.#digits > MAX_CHUNK_SIZE_DIGITS) return new ResponseParseError('chunk size too large');
-            this.#remaining = this.#remaining * 16 + v;
-          } else if (this.#digits === 0) return new ResponseParseError('invalid chunk size');
-          else if (c === CR) this.#state = CHUNK_SIZE_LF;
-          else if (c === 0x3b || c === 0x20 || c === 0x09) {
-            this.#state = CHUNK_EXT;
-            this.#extLen = 0;
-          } else return new ResponseParseError('invalid chunk size');
-          break;
-        }
-        case CHUNK_EXT:
-          if (c === CR) this.#state = CHUNK_SIZE_LF;
-          else if ((c < 0x20 && c !== 0x09) || c === 0x7f) return new ResponseParseError('invalid chunk extension');
-          else if (++this.#extLen > MAX_CHUNK_EXT) return new ResponseParseError('chunk extension too long');
-          break;
-        case CHUNK_SIZE_LF:
-          if (c !== LF) return new ResponseParseError('invalid chunk size line');
-          if (this.#remaining === 0) {
-            this.#state = TRAILER_START;
-            this.#trailerLen = 0;
-          } else {
-            this.#state = CHUNK_DATA;
-            return i + 1; // data is sliced by execute()
-          }
-          break;
-        case CHUNK_DATA_CR:
-          if (c !== CR) return new ResponseParseError('missing CRLF after chunk data');
-          this.#state = CHUNK_DATA_LF;
-          break;
-        case CHUNK_DATA_LF:
-          if (c !== LF) return new ResponseParseError('missing CRLF after chunk data');
-          this.#state = CHUNK_SIZE;
-          this.#remaining = 0;
-          this.#digits = 0;
-          break;
-        case TRAILER_START:
-          if (c === CR) this.#state = TRAILER_END_LF;
-          else if (c === LF) return new ResponseParseError('invalid trailer');
-          else this.#state = TRAILER_LINE;
-          if (++this.#trailerLen > this.#maxHeaderSize) return new ResponseParseError('trailers too large');
-          break;
-        case TRAILER_LINE:
-          if (c === CR) this.#state = TRAILER_LINE_LF;
-          else if ((c < 0x20 && c !== 0x09) || c === 0x7f) return new ResponseParseError('invalid trailer');
-          if (++this.#trailerLen > this.#maxHeaderSize) return new ResponseParseError('trailers too large');
-          break;
-        case TRAILER_LINE_LF:
-          if (c !== LF) return new ResponseParseError('invalid trailer');
-          this.#state = TRAILER_START;
-          break;
-        case TRAILER_END_LF: {
-          if (c !== LF) return new ResponseParseError('invalid trailer');
-          if (i + 1 < n) return new ResponseParseError('bytes after the end of a chunked body');
-          this.#state = DONE;
-          const sink = this.#sink;
-          if (sink !== null) this.#end(sink);
-          return i + 1;
-        }
-        default:
-          return i; // a data-carrying state: back to execute()
-      }
-      i++;
-    }
-    return i;
-  }
-}
-
-function hexValue(c: number): number {
-  if (c >= 0x30 && c <= 0x39) return c - 0x30;
-  const l = c | 0x20;
-  if (l >= 0x61 && l <= 0x66) return l - 0x61 + 10;
-  return -1;
 }

@@ -1,0 +1,491 @@
+// One connection from Nginx to a service's balancer socket, relayed request by request: each
+// request head is read strictly, the request goes to the replica Replicas.dispatch() chooses for
+// it (least outstanding requests, on that replica's keep-alive pool), and the answer comes back
+// framed by us. Nginx keeps these connections open and reuses them, so the choice must be per
+// request: a connection pinned to one replica would hold all its requests there.
+//
+// - Requests on one connection are answered in order; bytes of the next one wait in the buffer.
+// - A request body that came whole with its head is sent as a Buffer (the request may then be
+//   retried on another replica); any other body is streamed from the socket with backpressure,
+//   a chunked one decoded here (the pool frames it again).
+// - The answer: the replica's headers without its framing, our Content-Length or chunked coding,
+//   the head written with the first body bytes where that is one write.
+// - Failures before the answer's head → the catalog's `{detail}` answer; after it → the socket is
+//   destroyed, so Nginx sees a truncated upstream response rather than a wrong one. The client
+//   hanging up aborts the exchange (the replica's connection is closed).
+// - An Upgrade is not HTTP any more after its answer: the connection is pinned to one replica
+//   (Replicas.open) and spliced until either side closes.
+
+import type { Socket } from 'node:net';
+import { Readable } from 'node:stream';
+import { ChunkedDecoder, type ChunkedSink } from '../http1/chunked.js';
+import { sameLower } from '../http1/field.js';
+import { DEFAULT_MAX_HEADER_SIZE, type Http1Exchange, type Http1Handler } from '../http1/index.js';
+import { parseRequestHead, type RequestHead } from '../http1/request-head.js';
+import { detailResponse } from './detail.js';
+import { DataPlaneError, statusFor } from './errors.js';
+import type { Replicas } from './replicas.js';
+import { splice } from './splice.js';
+
+/** What a relayed connection reports to its balancer. */
+export interface RelayStats {
+  /** Requests relayed (pinned connections counted once). */
+  requests: number;
+  /** Requests answered by us because no replica could take them (503, or every replica failed). */
+  unavailable: number;
+}
+
+const EMPTY = Buffer.alloc(0);
+/** A small body piece is sent in the same write as the head or its chunk size (one string, one syscall). */
+const JOIN_LIMIT = 16 * 1024;
+/** Bytes of later requests buffered while one is answered, before reading stops. */
+const PENDING_LIMIT = DEFAULT_MAX_HEADER_SIZE + 64 * 1024;
+/** A streamed request body buffers this much before reading from the client stops. */
+const BODY_HIGH_WATER = 64 * 1024;
+/** How long a closing connection waits, its answer flushed, for the client to hang up. */
+const LINGER_MS = 2_000;
+const CONTINUE = 'HTTP/1.1 100 Continue\r\n\r\n';
+
+export class RelayConnection {
+  /** Bytes read and not yet taken (a partial head, later requests). */
+  #buf: Buffer = EMPTY;
+  /** The request being answered. */
+  #req: RelayRequest | null = null;
+  /** Its body, while still arriving from the socket. */
+  #body: RequestBody | null = null;
+  /** No further request is read: the connection is closing, closed, or pinned. */
+  #done = false;
+  /** The client sent its EOF. */
+  #ended = false;
+  #waitingDrain = false;
+  readonly #onData = (chunk: Buffer): void => this.#data(chunk);
+  readonly #onEnd = (): void => this.#clientEnded();
+  readonly #onClose = (): void => this.#closed();
+  readonly #onDrain = (): void => {
+    this.#waitingDrain = false;
+    this.#req?.exchange?.resume();
+  };
+  readonly #onNext = (): void => {
+    if (this.#req === null && !this.#done) this.#next();
+  };
+
+  constructor(
+    readonly serviceKey: string,
+    readonly socket: Socket,
+    private readonly replicas: Replicas,
+    private readonly stats: RelayStats,
+  ) {
+    socket.on('data', this.#onData);
+    socket.on('end', this.#onEnd);
+    socket.on('close', this.#onClose);
+    socket.resume();
+  }
+
+  /** The request body still being read (its answer cannot keep the connection). */
+  get readingBody(): boolean {
+    return this.#body !== null;
+  }
+
+  #data(chunk: Buffer): void {
+    if (this.#done) return;
+    const body = this.#body;
+    if (body !== null) {
+      const used = body.feed(chunk, 0);
+      if (used === -1) return this.#badBody(body);
+      if (body.complete) this.#body = null;
+      if (used === chunk.length) return;
+      chunk = chunk.subarray(used);
+    }
+    this.#buf = this.#buf.length === 0 ? chunk : Buffer.concat([this.#buf, chunk]);
+    if (this.#req !== null) {
+      if (this.#buf.length > PENDING_LIMIT) this.socket.pause();
+      return;
+    }
+    this.#next();
+  }
+
+  /** Take the next request from the buffer, if its head is all there. */
+  #next(): void {
+    const buf = this.#buf;
+    const r = parseRequestHead(buf, 0, DEFAULT_MAX_HEADER_SIZE);
+    if (r.kind === 'incomplete') return;
+    if (r.kind === 'error') {
+      const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', r.reason), this.serviceKey);
+      return this.#close(detailResponse(r.status, a.detail, false));
+    }
+    const head = r.head;
+    if (head.upgrade) return this.#pin();
+    this.stats.requests++;
+
+    let body: Buffer | RequestBody | null = null;
+    let end = head.size;
+    const length = head.contentLength;
+    if (head.transferEncoding || length > 0) {
+      const avail = buf.length - head.size;
+      if (!head.transferEncoding && avail >= length) {
+        body = buf.subarray(head.size, head.size + length);
+        end += length;
+      } else {
+        const rb = new RequestBody(this, head.transferEncoding ? -1 : length);
+        body = rb;
+        if (avail > 0) {
+          end = rb.feed(buf, head.size);
+          if (end === -1) {
+            const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', `invalid chunked body: ${rb.error}`), this.serviceKey);
+            return this.#close(detailResponse(a.status, a.detail, false));
+          }
+        }
+        if (!rb.complete) {
+          this.#body = rb;
+          // The client waits for this before sending its body; we have taken the Expect off.
+          if (head.expect && head.minor === 1) this.socket.write(CONTINUE, 'latin1');
+        }
+      }
+    }
+    this.#buf = end === buf.length ? EMPTY : buf.subarray(end);
+    const req = new RelayRequest(this, head);
+    this.#req = req;
+    req.exchange = this.replicas.dispatch(
+      this.serviceKey,
+      { method: head.method, path: head.target, headers: forwardHeaders(head.rawHeaders), body, validated: true },
+      req,
+    );
+  }
+
+  /** The answer's body could not be written at once: reading from the replica waits for 'drain'. */
+  waitDrain(): void {
+    if (this.#waitingDrain) return;
+    this.#waitingDrain = true;
+    this.socket.once('drain', this.#onDrain);
+  }
+
+  /** The bytes past the head are not a chunked body we can read: the request fails with a 400. */
+  #badBody(body: RequestBody): void {
+    this.#body = null;
+    const err = new DataPlaneError('DP_ERR_BAD_REQUEST', `invalid chunked body: ${body.error}`);
+    body.destroy(err);
+    const req = this.#req;
+    if (req === null) return;
+    req.keepAlive = false; // where the body ends is unknown: nothing after it can be read
+    req.exchange?.abort(err);
+  }
+
+  /** The request's answer was written whole. */
+  requestDone(req: RelayRequest): void {
+    if (this.#req !== req) return;
+    this.#req = null;
+    if (!req.keepAlive || this.#ended) return this.#close('');
+    if (this.socket.isPaused()) this.socket.resume();
+    // The next one on a later tick: answers given at once (no replica) do not recurse per request.
+    if (this.#buf.length > 0) process.nextTick(this.#onNext);
+  }
+
+  /** The request failed before its answer's head (`started` false) or inside its body. */
+  requestFailed(req: RelayRequest, err: Error, started: boolean): void {
+    if (this.#req !== req) return;
+    const body = this.#body;
+    if (body !== null) {
+      this.#body = null;
+      body.destroy();
+    }
+    if (started) {
+      this.#req = null;
+      this.#done = true;
+      this.socket.destroy();
+      return;
+    }
+    const a = statusFor(err, this.serviceKey);
+    if (a.status === 499) {
+      this.#req = null;
+      this.#done = true;
+      this.socket.destroy();
+      return;
+    }
+    if (a.code !== 'DP_ERR_BAD_REQUEST') this.stats.unavailable++;
+    // An unread body would be taken for the next request: then the connection closes.
+    req.keepAlive &&= body === null;
+    this.socket.write(detailResponse(a.status, a.detail, req.keepAlive), 'latin1');
+    this.requestDone(req);
+  }
+
+  /** Write `last` (if any), end the connection and stop reading. */
+  #close(last: string): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.#buf = EMPTY;
+    const body = this.#body;
+    this.#body = null;
+    body?.destroy();
+    const s = this.socket;
+    if (s.destroyed) return;
+    // Whatever the client still sends is read and dropped, so it cannot stall the answer.
+    if (s.isPaused()) s.resume();
+    if (last !== '') s.write(last, 'latin1');
+    s.end(() => setTimeout(() => s.destroy(), LINGER_MS).unref());
+  }
+
+  /** An Upgrade: this connection goes to one replica, the head and all that follows spliced through. */
+  #pin(): void {
+    this.#done = true;
+    this.stats.requests++;
+    const pending = this.#buf;
+    this.#buf = EMPTY;
+    const s = this.socket;
+    s.off('data', this.#onData);
+    s.off('end', this.#onEnd);
+    s.off('close', this.#onClose);
+    s.pause();
+    this.replicas.open(this.serviceKey).then(
+      (up) => {
+        if (s.destroyed) return void up.destroy();
+        if (pending.length > 0) up.write(pending);
+        splice(s, up);
+        s.resume();
+      },
+      (err: unknown) => {
+        this.stats.unavailable++;
+        const a = statusFor(err, this.serviceKey);
+        if (s.destroyed) return;
+        s.resume(); // read and drop what the client sends
+        s.end(detailResponse(a.status, a.detail, false), () => setTimeout(() => s.destroy(), LINGER_MS).unref());
+      },
+    );
+  }
+
+  #clientEnded(): void {
+    this.#ended = true;
+    const body = this.#body;
+    if (body !== null) {
+      // The body stopped short: the request cannot complete, and nobody is left to answer.
+      this.#body = null;
+      const err = new DataPlaneError('DP_ERR_CLIENT_CLOSED', 'the client closed the connection inside the request body');
+      body.destroy(err);
+      this.#req?.exchange?.abort(err);
+      return;
+    }
+    if (this.#req === null) this.#close('');
+  }
+
+  #closed(): void {
+    this.#done = true;
+    const req = this.#req;
+    this.#req = null;
+    const body = this.#body;
+    this.#body = null;
+    body?.destroy();
+    // The replica's connection is closed too (never reused half-read): it sees the client leave.
+    req?.exchange?.abort(new DataPlaneError('DP_ERR_CLIENT_CLOSED'));
+  }
+}
+
+/** One request's answer, relayed as the replica's pool delivers it. */
+class RelayRequest implements Http1Handler {
+  exchange: Http1Exchange | null = null;
+  keepAlive: boolean;
+  /** The answer's head, held back to go out with its first body bytes. */
+  #head: string | null = null;
+  #started = false;
+  #chunked = false;
+  #finished = false;
+  readonly #isHead: boolean;
+  readonly #http11: boolean;
+
+  constructor(
+    private readonly conn: RelayConnection,
+    head: RequestHead,
+  ) {
+    this.keepAlive = head.keepAlive;
+    this.#isHead = head.method === 'HEAD';
+    this.#http11 = head.minor === 1;
+  }
+
+  onResponseStart(status: number, statusText: string, headers: string[], contentLength: number): void {
+    if (this.#finished) return;
+    this.#started = true;
+    // The replica answered before the whole request body arrived: what is left of it is not read.
+    if (this.conn.readingBody) this.keepAlive = false;
+    let h = `HTTP/1.1 ${status} ${statusText}\r\n`;
+    for (let i = 0; i < headers.length; i += 2) {
+      const name = headers[i]!;
+      const n = name.length;
+      // The replica's framing and connection handling are its own; ours follow.
+      if (n === 14 && sameLower(name, 0, 'content-length')) continue;
+      if (n === 17 && sameLower(name, 0, 'transfer-encoding')) continue;
+      if (n === 10 && (sameLower(name, 0, 'connection') || sameLower(name, 0, 'keep-alive'))) continue;
+      h += `${name}: ${headers[i + 1]!}\r\n`;
+    }
+    if (this.#isHead || status === 204 || status === 304) {
+      if (this.#isHead && contentLength >= 0) h += `Content-Length: ${contentLength}\r\n`;
+    } else if (contentLength >= 0) h += `Content-Length: ${contentLength}\r\n`;
+    else if (this.#http11) {
+      this.#chunked = true;
+      h += 'Transfer-Encoding: chunked\r\n';
+    } else this.keepAlive = false; // HTTP/1.0 has no chunked coding: the body ends with the connection
+    if (!this.keepAlive) h += 'Connection: close\r\n';
+    this.#head = `${h}\r\n`;
+  }
+
+  onResponseData(chunk: Buffer, _last: boolean): boolean {
+    if (this.#finished) return true;
+    const s = this.conn.socket;
+    if (s.destroyed) return true;
+    const n = chunk.length;
+    if (n === 0) return true; // in chunked coding an empty chunk would end the body
+    const head = this.#head;
+    this.#head = null;
+    let ok: boolean;
+    if (this.#chunked) {
+      const size = `${head ?? ''}${n.toString(16)}\r\n`;
+      if (n <= JOIN_LIMIT) ok = s.write(`${size}${chunk.toString('latin1')}\r\n`, 'latin1');
+      else {
+        s.cork();
+        s.write(size, 'latin1');
+        s.write(chunk);
+        ok = s.write('\r\n', 'latin1');
+        s.uncork();
+      }
+    } else if (head === null) ok = s.write(chunk);
+    else if (n <= JOIN_LIMIT) ok = s.write(head + chunk.toString('latin1'), 'latin1');
+    else {
+      s.cork();
+      s.write(head, 'latin1');
+      ok = s.write(chunk);
+      s.uncork();
+    }
+    if (!ok) this.conn.waitDrain();
+    return ok;
+  }
+
+  onResponseEnd(): void {
+    if (this.#finished) return;
+    this.#finished = true;
+    const head = this.#head;
+    this.#head = null;
+    const tail = this.#chunked ? '0\r\n\r\n' : '';
+    const s = this.conn.socket;
+    if ((head !== null || tail !== '') && !s.destroyed) s.write(head === null ? tail : head + tail, 'latin1');
+    this.conn.requestDone(this);
+  }
+
+  onResponseError(err: Error): void {
+    if (this.#finished) return;
+    this.#finished = true;
+    this.conn.requestFailed(this, err, this.#started);
+  }
+}
+
+/**
+ * A request body read from the client's socket as it arrives: `length` bytes, or (-1) a chunked
+ * body decoded here. Pushing past the high-water mark pauses the socket; the pool's reading
+ * resumes it.
+ */
+class RequestBody extends Readable implements ChunkedSink {
+  /** The last byte arrived (the stream's end is pushed). */
+  complete = false;
+  #remaining: number;
+  readonly #decoder: ChunkedDecoder | null;
+
+  constructor(
+    private readonly conn: RelayConnection,
+    length: number,
+  ) {
+    super({ highWaterMark: BODY_HIGH_WATER });
+    this.#remaining = length;
+    this.#decoder = length === -1 ? new ChunkedDecoder(DEFAULT_MAX_HEADER_SIZE) : null;
+  }
+
+  get error(): string {
+    return this.#decoder?.error ?? '';
+  }
+
+  /** Takes this body's bytes from `chunk[from…]`: the offset after them, or -1 (bad chunked framing). */
+  feed(chunk: Buffer, from: number): number {
+    const dec = this.#decoder;
+    if (dec === null) {
+      const take = Math.min(this.#remaining, chunk.length - from);
+      this.#remaining -= take;
+      this.onBody(from === 0 && take === chunk.length ? chunk : chunk.subarray(from, from + take), false);
+      if (this.#remaining === 0) this.#finish();
+      return from + take;
+    }
+    let i = from;
+    while (i < chunk.length) {
+      i = dec.execute(chunk, i, this);
+      if (i === -1) return -1;
+      if (dec.done) {
+        this.#finish();
+        break;
+      }
+    }
+    return i;
+  }
+
+  onBody(piece: Buffer, _last: boolean): void {
+    if (!this.push(piece)) this.conn.socket.pause();
+  }
+
+  override _read(): void {
+    if (this.conn.readingBody && this.conn.socket.isPaused()) this.conn.socket.resume();
+  }
+
+  #finish(): void {
+    this.complete = true;
+    this.push(null);
+  }
+}
+
+const NONE: readonly string[] = [];
+
+/**
+ * The request's headers without the hop-by-hop ones (RFC 9110 §7.6.1): Connection and the
+ * headers it names, Keep-Alive, TE, Transfer-Encoding, Upgrade, Proxy-Connection, and Expect
+ * (answered here). The request's own array when nothing is dropped, the common case.
+ */
+function forwardHeaders(raw: string[]): readonly string[] {
+  let named: readonly string[] = NONE;
+  let drop = -1;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (isHopByHop(raw[i]!)) {
+      drop = i;
+      if (raw[i]!.length === 10 && sameLower(raw[i]!, 0, 'connection')) named = connectionNames(raw[i + 1]!, named);
+    }
+  }
+  if (drop === -1) return raw;
+  const out: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (isHopByHop(name) || (named.length > 0 && named.includes(name.toLowerCase()))) continue;
+    out.push(name, raw[i + 1]!);
+  }
+  return out;
+}
+
+function isHopByHop(name: string): boolean {
+  switch (name.length) {
+    case 2:
+      return sameLower(name, 0, 'te');
+    case 6:
+      return sameLower(name, 0, 'expect');
+    case 7:
+      return sameLower(name, 0, 'upgrade');
+    case 10:
+      return sameLower(name, 0, 'connection') || sameLower(name, 0, 'keep-alive');
+    case 16:
+      return sameLower(name, 0, 'proxy-connection');
+    case 17:
+      return sameLower(name, 0, 'transfer-encoding');
+    default:
+      return false;
+  }
+}
+
+/** The header names a Connection value lists (lower case), beyond the tokens already dropped. */
+function connectionNames(value: string, names: readonly string[]): readonly string[] {
+  let out: string[] | null = null;
+  for (const token of value.split(',')) {
+    const t = token.trim().toLowerCase();
+    if (t === '' || t === 'close' || t === 'keep-alive' || t === 'upgrade') continue;
+    (out ??= [...names]).push(t);
+  }
+  return out ?? names;
+}
