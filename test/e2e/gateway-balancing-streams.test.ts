@@ -152,11 +152,15 @@ describe('long answers through the per-request balancer', () => {
 
   it('relays an SSE stream event by event: each arrives before the replica sends the next', async () => {
     const sse = rep('sse');
-    const s = await stream(domain('sse'), '/sse');
+    const opening = stream(domain('sse'), '/sse');
+    // The first event goes out as soon as the replica has the request (its head may travel with it).
+    await eventually(() => (sse.sseSend('event-0') ? true : undefined), 10_000);
+    const s = await opening;
     expect(s.status).toBe(200);
     expect(String(s.headers['content-type'])).toContain('text/event-stream');
-    let expected = '';
-    for (let i = 0; i < 5; i++) {
+    let expected = 'data: event-0\n\n';
+    await eventually(() => (s.received() === expected ? true : undefined), 10_000);
+    for (let i = 1; i < 5; i++) {
       // The replica writes the next event only once the client has the previous one: a relay that
       // buffered the stream would never deliver it and the wait would time out.
       expect(sse.sseSend(`event-${i}`)).toBe(true);
@@ -165,5 +169,23 @@ describe('long answers through the per-request balancer', () => {
     }
     sse.sseEnd();
     expect(await s.body).toBe(expected);
+  }, 30_000);
+
+  it("relays a stream's response head before its first body byte", async () => {
+    const sse = rep('sse');
+    // An event stream whose first event comes late (a queued generation): the client sees the
+    // 200 and its headers at once, not when the first event is written.
+    const opening = stream(domain('sse'), '/sse');
+    let headed = false;
+    void opening.then(() => (headed = true)).catch(() => undefined);
+    try {
+      await eventually(() => (sse.got.at(-1)?.url === '/sse' && headed ? true : undefined), 10_000);
+    } finally {
+      await eventually(() => (sse.sseSend('late') ? true : undefined), 10_000);
+      sse.sseEnd();
+    }
+    const s = await opening;
+    expect(s.status).toBe(200);
+    expect(await s.body).toBe('data: late\n\n');
   }, 30_000);
 });
