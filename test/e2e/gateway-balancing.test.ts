@@ -6,7 +6,15 @@
 
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { countsSince, KeepAliveClient, replicaReady, startNamedReplica, type KeptReply, type NamedReplica } from '../helpers/balancing.js';
+import {
+  countsSince,
+  evenTies,
+  KeepAliveClient,
+  replicaReady,
+  startNamedReplica,
+  type KeptReply,
+  type NamedReplica,
+} from '../helpers/balancing.js';
 import { api, putState, type TestGateway } from '../helpers/gateway.js';
 import { eventually } from '../helpers/nginx.js';
 import { generateKey, startSshd, type ClientKey, type TestSshd } from '../helpers/sshd.js';
@@ -71,7 +79,9 @@ beforeAll(async () => {
   for (const name of ['direct-a', 'ssh-b', 'grow-1', 'grow-2', 'moving-old', 'moving-new']) r[name] = await startNamedReplica(name);
   r['slow'] = await startNamedReplica('slow', { delayMs: 1_000 });
   r['fast'] = await startNamedReplica('fast', { delayMs: 10 });
-  t = await startGatewayWith({}, { ssh: { keepaliveIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 } } });
+  // Ties between idle replicas are broken by the gateway's random source: an even one, so that the
+  // shares below measure the per-request choice, not the luck of a coin (see evenTies).
+  t = await startGatewayWith({}, { ssh: { keepaliveIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 }, random: evenTies() } });
   services.set('spread', [
     directReplica('a', r['direct-a']!.port),
     { id: 'b', appPort: r['ssh-b']!.port, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } },
@@ -164,6 +174,7 @@ describe('per-request balancing through the gateway', () => {
       const putMs = Date.now() - t0;
       await eventually(() => (g2.got.length > 0 ? true : undefined), 15_000);
       const firstMs = Date.now() - t0;
+      const afterPutMs = firstMs - putMs;
       stop = true;
       const bg = await traffic;
       expect(bg.filter((x) => x.status !== 200)).toEqual([]);
@@ -173,7 +184,7 @@ describe('per-request balancing through the gateway', () => {
       for (let i = 0; i < 50; i++) next.push(await client.request(`/next/${i}`));
       const counts = countsSince([g1, g2], before);
       console.log(
-        `[balancing] added replica: PUT took ${putMs} ms, first request at it ${firstMs} ms after the PUT started; ` +
+        `[balancing] added replica: PUT took ${putMs} ms, first request at it ${firstMs} ms after the PUT started (${afterPutMs} ms after it returned); ` +
           `next 50 sequential requests: ${counts.join(' / ')}`,
       );
       expect(next.filter((x) => x.status !== 200)).toEqual([]);
