@@ -55,8 +55,6 @@ export class RelayConnection {
   #body: RequestBody | null = null;
   /** No further request is read: the connection is closing, closed, or pinned. */
   #done = false;
-  /** The client sent its EOF. */
-  #ended = false;
   #waitingDrain = false;
   readonly #onData = (chunk: Buffer): void => this.#data(chunk);
   readonly #onEnd = (): void => this.#clientEnded();
@@ -174,7 +172,7 @@ export class RelayConnection {
   requestDone(req: RelayRequest): void {
     if (this.#req !== req) return;
     this.#req = null;
-    if (!req.keepAlive || this.#ended) return this.#close('');
+    if (!req.keepAlive) return this.#close('');
     if (this.socket.isPaused()) this.socket.resume();
     // The next one on a later tick: answers given at once (no replica) do not recurse per request.
     if (this.#buf.length > 0) process.nextTick(this.#onNext);
@@ -253,17 +251,11 @@ export class RelayConnection {
   }
 
   #clientEnded(): void {
-    this.#ended = true;
-    const body = this.#body;
-    if (body !== null) {
-      // The body stopped short: the request cannot complete, and nobody is left to answer.
-      this.#body = null;
-      const err = new DataPlaneError('DP_ERR_CLIENT_CLOSED', 'the client closed the connection inside the request body');
-      body.destroy(err);
-      this.#req?.exchange?.abort(err);
-      return;
-    }
-    if (this.#req === null) this.#close('');
+    if (this.#req === null) return this.#close('');
+    // Nginx never half-closes a connection it still wants an answer on: its EOF means the client
+    // went away (and a body cut short could not complete anyway). The exchange stops, and with
+    // it the replica's work.
+    this.socket.destroy();
   }
 
   #closed(): void {

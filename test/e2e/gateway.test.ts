@@ -379,7 +379,9 @@ describe('isolation of a site that fails nginx -t', () => {
       ]),
     );
     expect(r.json.changed).toBe(true);
-    expect(await whoAnswered(t, 'gamma.gw.test')).toBe('b0'); // the old replica still
+    // The site's Nginx config is the previous one; its replicas are the balancer's, chosen per
+    // request, so the new replica answers at once.
+    expect(await whoAnswered(t, 'gamma.gw.test')).toBe('a0');
     expect(await readFile(siteFile(t, 'gamma.gw.test'), 'utf8')).not.toContain('bogus_directive');
     expect(t.gw.nginxStats.reloads).toBe(reloads);
     const gamma = (await nginxObjects())['gamma.gw.test']!.conditions;

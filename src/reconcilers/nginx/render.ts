@@ -23,7 +23,7 @@ import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteV
 export { MARKER, fileNameFor, limitKeyVariable, quote, rateFor, upstreamName, zoneName } from './names.js';
 
 export const UPSTREAM_KEEPALIVE = 64;
-export const UPSTREAM_KEEPALIVE_TIME = '10s';
+export const UPSTREAM_KEEPALIVE_TIME = '1h';
 export const LIMIT_REQ_ZONE_SIZE = '10m';
 export const REPLICA_LOCATION = '@dstack_replica';
 export const AUTH_LOCATION = '/_dstack_auth';
@@ -157,8 +157,8 @@ function renderServiceSite(v: ServiceSiteView): string {
       ...block(`upstream ${v.upstream.name}`, [
         ...v.upstream.servers.map((s) => `server ${quote(s)};`),
         `keepalive ${UPSTREAM_KEEPALIVE};`,
-        // The balancer picks a replica per connection: retire pooled connections so replica
-        // changes (added, drained) reach traffic within seconds, without a reload.
+        // The balancer picks a replica per request, so a pooled connection may live long (Nginx's
+        // default); replica changes reach it at the next request, without a reload.
         `keepalive_time ${UPSTREAM_KEEPALIVE_TIME};`,
       ]),
       '',

@@ -1,11 +1,12 @@
 // The data-path pieces tuned for throughput through SSH tunnels: pooled padding randomness,
-// write coalescing on the SSH socket, splice() joining a balancer client with its upstream
-// (bytes, backpressure, EOF), and binding many balancer sockets at once (a cold converge of
+// write coalescing on the SSH socket, HTTP through a balancer socket (large bodies both ways,
+// with backpressure), and binding many balancer sockets at once (a cold converge of
 // thousands of services).
 
 import { randomBytes, createHash } from 'node:crypto';
 import { mkdirSync, statSync, writeFileSync } from 'node:fs';
-import { connect, createServer, type Server, type Socket } from 'node:net';
+import { createServer as createHttpServer, request as httpRequest, type Server as HttpServer } from 'node:http';
+import { connect, createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Balancer, Replicas, type Upstream } from '../../../src/dataplane/index.js';
@@ -89,24 +90,35 @@ describe('coalesceWrites', () => {
   });
 });
 
-describe('splice through the balancer socket', () => {
-  let echo: Server;
+describe('HTTP through the balancer socket', () => {
+  let replica: HttpServer;
   let balancer: Balancer;
   let tmp: ReturnType<typeof tmpDir>;
+  const payload = randomBytes(16 * 1024 * 1024);
+  const digest = (b: Buffer): string => createHash('sha256').update(b).digest('hex');
   beforeAll(async () => {
     tmp = tmpDir('dp-splice-');
-    // Echoes everything and ends on EOF; 16 MiB is far beyond every socket buffer, so both
-    // directions hit backpressure.
-    echo = createServer({ allowHalfOpen: true }, (s) => s.pipe(s));
-    await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
-    const port = (echo.address() as { port: number }).port;
+    // Hashes an upload, serves the payload as a download; 16 MiB is far beyond every socket
+    // buffer, so both directions hit backpressure.
+    replica = createHttpServer((req, res) => {
+      if (req.method === 'GET') return void res.end(payload);
+      const h = createHash('sha256');
+      let n = 0;
+      req.on('data', (d: Buffer) => {
+        h.update(d);
+        n += d.length;
+      });
+      req.on('end', () => res.end(JSON.stringify({ n, sha: h.digest('hex') })));
+    });
+    await new Promise<void>((r) => replica.listen(0, '127.0.0.1', r));
+    const port = (replica.address() as { port: number }).port;
     const replicas = new Replicas();
     balancer = new Balancer({ socketDir: tmp.dir, replicas });
     const upstream: Upstream = {
       isReady: () => true,
       open: () =>
         new Promise((resolve, reject) => {
-          const s = connect({ host: '127.0.0.1', port, allowHalfOpen: true });
+          const s = connect({ host: '127.0.0.1', port });
           s.once('connect', () => resolve(s));
           s.once('error', reject);
         }),
@@ -116,22 +128,31 @@ describe('splice through the balancer socket', () => {
   });
   afterAll(async () => {
     await balancer.close();
-    await new Promise<void>((r) => echo.close(() => r()));
+    replica.closeAllConnections();
+    await new Promise<void>((r) => replica.close(() => r()));
     tmp.cleanup();
   });
 
-  it('carries 16 MiB both ways intact and passes the EOF on', async () => {
-    const payload = randomBytes(16 * 1024 * 1024);
-    const client: Socket = connect({ path: balancer.socketPathFor('p/svc'), allowHalfOpen: true });
-    const chunks: Buffer[] = [];
-    client.on('data', (d: Buffer) => chunks.push(d));
-    const ended = new Promise((r) => client.once('end', r));
-    client.end(payload);
-    await ended;
-    const got = Buffer.concat(chunks);
-    expect(got.length).toBe(payload.length);
-    expect(createHash('sha256').update(got).digest('hex')).toBe(createHash('sha256').update(payload).digest('hex'));
-    client.destroy();
+  const call = (method: string, body?: Buffer): Promise<{ status: number; body: Buffer }> =>
+    new Promise((resolve, reject) => {
+      const req = httpRequest({ socketPath: balancer.socketPathFor('p/svc'), method, path: '/data', headers: { host: 'svc' } });
+      req.on('response', (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (d: Buffer) => chunks.push(d));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks) }));
+      });
+      req.on('error', reject);
+      req.end(body);
+    });
+
+  it('carries a 16 MiB upload and a 16 MiB download intact', async () => {
+    const up = await call('POST', payload);
+    expect(up.status).toBe(200);
+    expect(JSON.parse(up.body.toString())).toEqual({ n: payload.length, sha: digest(payload) });
+    const down = await call('GET');
+    expect(down.status).toBe(200);
+    expect(down.body.length).toBe(payload.length);
+    expect(digest(down.body)).toBe(digest(payload));
   });
 });
 
