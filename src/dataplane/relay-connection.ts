@@ -318,6 +318,19 @@ class RelayRequest implements Http1Handler {
     if (!this.keepAlive) h += 'Connection: close\r\n';
     else if (!this.#http11) h += 'Connection: keep-alive\r\n'; // HTTP/1.0 closes unless told
     this.#head = `${h}\r\n`;
+    // Held for the first body bytes when they come in the same read; a replica that sends its
+    // head and then thinks (an event stream's first event, a queued generation) must not keep
+    // the client from seeing the status meanwhile.
+    process.nextTick(flushHead, this);
+  }
+
+  /** The head, if no body bytes took it along. */
+  flushHead(): void {
+    const head = this.#head;
+    if (head === null || this.#finished) return;
+    this.#head = null;
+    const s = this.conn.socket;
+    if (!s.destroyed && !s.write(head, 'latin1')) this.conn.waitDrain();
   }
 
   onResponseData(chunk: Buffer, _last: boolean): boolean {
@@ -367,6 +380,10 @@ class RelayRequest implements Http1Handler {
     this.#finished = true;
     this.conn.requestFailed(this, err, this.#started);
   }
+}
+
+function flushHead(req: RelayRequest): void {
+  req.flushHead();
 }
 
 /**

@@ -357,10 +357,11 @@ describe('failures', () => {
     // A replica that closes every connection at its first request, before answering.
     const f = await startScriptedReplica((socket) => socket.destroy());
     flaky = f.server;
-    // random() = 0: among equals the last listed wins, so the flaky one is always tried first.
-    flakyReplicas = new Replicas({ random: () => 0 });
-    flakyReplicas.set('p/flaky', 'good', tcpUpstream(a.port));
+    // Among equals the one chosen longest ago: the flaky one (listed first) is tried first, and
+    // again after the retry went to the good one.
+    flakyReplicas = new Replicas();
     flakyReplicas.set('p/flaky', 'flaky', tcpUpstream(f.port));
+    flakyReplicas.set('p/flaky', 'good', tcpUpstream(a.port));
     flakyBalancer = new Balancer({ socketDir: join(tmp.dir, 'flaky'), replicas: flakyReplicas });
     expect(await flakyBalancer.listenAll(['p/flaky'])).toEqual(new Map());
   });

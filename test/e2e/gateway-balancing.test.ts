@@ -6,15 +6,7 @@
 
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  countsSince,
-  evenTies,
-  KeepAliveClient,
-  replicaReady,
-  startNamedReplica,
-  type KeptReply,
-  type NamedReplica,
-} from '../helpers/balancing.js';
+import { countsSince, KeepAliveClient, replicaReady, startNamedReplica, type KeptReply, type NamedReplica } from '../helpers/balancing.js';
 import { api, putState, type TestGateway } from '../helpers/gateway.js';
 import { eventually } from '../helpers/nginx.js';
 import { generateKey, startSshd, type ClientKey, type TestSshd } from '../helpers/sshd.js';
@@ -79,9 +71,7 @@ beforeAll(async () => {
   for (const name of ['direct-a', 'ssh-b', 'grow-1', 'grow-2', 'moving-old', 'moving-new']) r[name] = await startNamedReplica(name);
   r['slow'] = await startNamedReplica('slow', { delayMs: 1_000 });
   r['fast'] = await startNamedReplica('fast', { delayMs: 10 });
-  // Ties between idle replicas are broken by the gateway's random source: an even one, so that the
-  // shares below measure the per-request choice, not the luck of a coin (see evenTies).
-  t = await startGatewayWith({}, { ssh: { keepaliveIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 }, random: evenTies() } });
+  t = await startGatewayWith({}, { ssh: { keepaliveIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 } } });
   services.set('spread', [
     directReplica('a', r['direct-a']!.port),
     { id: 'b', appPort: r['ssh-b']!.port, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } },

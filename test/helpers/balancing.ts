@@ -291,16 +291,3 @@ export function replicaReady(status: unknown, key: string): boolean {
   const o = (status as StatusDoc).loops?.ssh?.objects?.[key];
   return o?.conditions.find((c) => c.type === 'Ready')?.status === 'True';
 }
-
-// ── tie-breaks ────────────────────────────────────────────────────────────────────────────
-
-/**
- * A stand-in for Math.random whose values are spread evenly (the golden-ratio sequence): any
- * 100 consecutive ones have 50 ± 2 below one half. Random tie-breaks between two idle replicas
- * stay a fair coin, but 100 tosses of a real one leave 40–60 in 3.5 % of runs; this keeps a
- * share test about the balancer, not about the coin.
- */
-export function evenTies(): () => number {
-  let x = 0.5;
-  return () => (x = (x + 0.6180339887498949) % 1);
-}
