@@ -33,7 +33,7 @@ Regenerate with \`npm run build && node scripts/config-doc.mjs\`.
 ${table(OPTION_SPECS)}
 ## \`dstack-proxy server-proxy\`
 
-The management routes (\`/api/v1/state\`, \`/api/v1/status\`, \`/api/stats/collect\`) are served on
+The management routes (\`/api/v1/state\`, \`/api/v1/status\`, \`/metrics\`, \`/api/stats/collect\`) are served on
 \`--host:--port\` unless \`--api-port\` moves them to a listener of their own; without
 \`--api-token-file\` they are refused on a non-loopback address (\`DP_ERR_OPEN_API\`) unless
 \`--insecure-open-api\` is given.

@@ -17,7 +17,7 @@ SSH tunnels (or direct addresses) opened in this process. PUT the document to /a
 (as on the gateway) or write the row directly (docs/database.md). Several processes on one
 PostgreSQL serve the same document.
 
-The management routes (/api/v1/state, /api/v1/status, /api/stats/collect) rewrite or reveal all
+The management routes (/api/v1/state, /api/v1/status, /metrics, /api/stats/collect) rewrite or reveal all
 routing: without --api-token-file they are served on a loopback address only. To serve the proxy
 on the network, give --api-token-file, or move management to a loopback --api-port.
 

@@ -43,7 +43,7 @@ export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpe
   apiTokenFile: {
     kind: 'string',
     default: undefined,
-    help: 'file holding a token (at least 16 characters) that /api/v1/state, /api/v1/status and /api/stats/collect require as `Authorization: Bearer`',
+    help: 'file holding a token (at least 16 characters) that /api/v1/state, /api/v1/status, /metrics and /api/stats/collect require as `Authorization: Bearer`',
   },
   apiPort: {
     kind: 'port',

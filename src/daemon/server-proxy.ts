@@ -15,6 +15,7 @@ import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
 import { checkManagementExposure, readApiToken } from '../api/api-token.js';
+import { createMetrics, metricsRoutes } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
 import { createControlServerAuth, noServerAuth } from '../auth/index.js';
 import type { Clock } from '../clock.js';
@@ -118,7 +119,7 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
       apiToken = o.apiTokenFile ? await readApiToken(o.apiTokenFile, logger) : undefined;
       await checkManagementExposure(
         {
-          what: 'the management API (/api/v1/state, /api/v1/status, /api/stats/collect)',
+          what: 'the management API (/api/v1/state, /api/v1/status, /metrics, /api/stats/collect)',
           host: apiHost,
           port: separate ? o.apiPort! : port,
           hostFlag: separate ? '--api-host' : '--host',
@@ -185,7 +186,17 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
           }),
         ...(deps.extraRoutes ? [async (a: FastifyInstance) => deps.extraRoutes!(a, { getState, authorize, replicas })] : []),
       ];
-      const managementRoutes: RouteModule[] = [async (a, guard) => a.register(statsRoutes, { collector: proxy!.stats, getState, guard })];
+      // The same figures as the gateway's where they apply: the loop's counters, the document,
+      // the tunnels and the replicas' requests in flight.
+      const metrics = createMetrics({
+        loops: () => d.controller.counters(),
+        generation: () => d.current().generation,
+        families: ssh.metrics(),
+      });
+      const managementRoutes: RouteModule[] = [
+        async (a, guard) => a.register(statsRoutes, { collector: proxy!.stats, getState, guard }),
+        async (a, guard) => a.register(metricsRoutes, { metrics, guard }),
+      ];
       const token = apiToken ? { apiToken } : {};
       // One app for everything, or the proxy's app without management plus a management app.
       if (!separate) return [{ host, port, app: { ...token, routes: [...proxyRoutes, ...managementRoutes] } }];

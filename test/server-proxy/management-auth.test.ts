@@ -1,5 +1,5 @@
 // The standalone `server-proxy` (the built CLI, as an operator starts it) keeps its management
-// routes — PUT/GET /api/v1/state, /api/v1/status, /api/stats/collect — from the network: without
+// routes — PUT/GET /api/v1/state, /api/v1/status, /metrics, /api/stats/collect — from the network: without
 // a token they are served on a loopback address only, a start that would open them elsewhere is
 // refused, and --api-port moves them to a loopback listener of their own.
 //
@@ -110,7 +110,7 @@ describe('server-proxy: management routes on the network', () => {
     expect(put.status).toBe(401);
     expect(put.json()).toMatchObject({ code: 'DP_ERR_UNAUTHORIZED' });
     expect((await fromOutside(url, '/api/v1/state?dryRun=true', { method: 'PUT', body: document() })).status).toBe(401);
-    for (const path of ['/api/v1/state', '/api/v1/status', '/api/stats/collect']) {
+    for (const path of ['/api/v1/state', '/api/v1/status', '/metrics', '/api/stats/collect']) {
       expect((await fromOutside(url, path)).status, path).toBe(401);
       expect((await fromOutside(url, path, { token: 'wrong-token-0123456789abc' })).status, path).toBe(401);
     }
@@ -119,7 +119,7 @@ describe('server-proxy: management routes on the network', () => {
 
     const ok = await fromOutside(url, '/api/v1/state', { method: 'PUT', body: document(), token: TOKEN });
     expect(ok.status, ok.body.toString()).toBe(200);
-    for (const path of ['/api/v1/state', '/api/v1/status', '/api/stats/collect']) {
+    for (const path of ['/api/v1/state', '/api/v1/status', '/metrics', '/api/stats/collect']) {
       expect((await fromOutside(url, path, { token: TOKEN })).status, path).toBe(200);
     }
     // The data path needs no management token.
@@ -144,6 +144,7 @@ describe('server-proxy: management routes on the network', () => {
       ['PUT', '/api/v1/state'],
       ['GET', '/api/v1/state'],
       ['GET', '/api/v1/status'],
+      ['GET', '/metrics'],
       ['GET', '/api/stats/collect'],
     ] as const) {
       const r = await fromOutside(url, path, method === 'PUT' ? { method, body: document() } : { method });
@@ -159,6 +160,7 @@ describe('server-proxy: management routes on the network', () => {
     expect(put.status, put.body.toString()).toBe(200);
     expect((await send(`${apiUrl}/api/v1/status`)).status).toBe(200);
     expect((await send(`${apiUrl}/api/stats/collect`)).status).toBe(200);
+    expect((await send(`${apiUrl}/metrics`)).status).toBe(200);
     expect((await send(`${apiUrl}/readyz`)).status).toBe(200);
     // The document written there is served on the public listener.
     const proxied = await eventuallyStatus(() => fromOutside(url, '/proxy/services/test-proj/app/echo'), 200);

@@ -1,11 +1,10 @@
 // Outstanding requests per replica, read at request time: GET /api/v1/status shows each
-// replica's `load`, and the SSH loop's metric families (what /metrics renders) show
+// replica's `load`, and /metrics shows
 // replica_requests_in_flight and replica_requests_total, through the real in-server proxy to real
 // HTTP replicas on 127.0.0.1.
 
 import { createServer, type Server, type ServerResponse } from 'node:http';
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { createMetrics } from '../../src/api/metrics.js';
 import { eventually } from '../helpers/nginx.js';
 import { doc, send, startHarness, type Harness } from './harness.js';
 
@@ -69,9 +68,11 @@ async function replicaStatus(key: string): Promise<StatusObject | undefined> {
   return r.json<{ loops: Record<string, { objects: Record<string, StatusObject> }> }>().loops.ssh?.objects[key];
 }
 
-/** The Prometheus text of the SSH loop's families, rendered the way /metrics renders them. */
+/** The in-server proxy's /metrics. */
 async function metricsText(): Promise<string> {
-  return createMetrics({ families: h.proxy.ssh.metrics() }, { defaultMetrics: false }).text();
+  const r = await send(`${h.url}/metrics`);
+  expect(r.status).toBe(200);
+  return r.body.toString();
 }
 
 function sample(text: string, name: string, service: string, replica: string): number | undefined {
