@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import os from 'node:os';
 import { join } from 'node:path';
+import { balanceRows } from './balance.js';
 import { churnRows } from './churn.js';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
@@ -27,6 +28,7 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'gateway', run: gatewayRows },
   { name: 'churn', run: churnRows },
   { name: 'ssh', run: sshRows },
+  { name: 'balance', run: balanceRows },
   { name: 'stats', run: () => statsRows() },
   { name: 'stores', run: storeRows },
   { name: 'models', run: modelRows },
