@@ -21,7 +21,7 @@ import { specRows } from './spec.js';
 import { sshRows } from './ssh.js';
 import { statsRows } from './stats.js';
 import { storeRows } from './stores.js';
-import { renderTable, type Row } from './table.js';
+import { renderTable, wanted, type Row } from './table.js';
 
 const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'spec', run: specRows },
@@ -38,6 +38,22 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
 ];
 
 const SECTION_FLAG = '--section';
+
+const HELP = `npm run bench [-- <section>...]   the performance table, printed and written to bench/results.json
+
+Sections (all when none is named; each runs in a Node process of its own):
+  ${SECTIONS.map((s) => s.name).join(' ')}
+
+Environment:
+  DSTACK_PROXY_BENCH_ONLY=P5*,P6,P6b   only these rows (ids, comma-separated; a trailing * takes
+                                       every id with that prefix); name the sections too, or the
+                                       sections that do not check it run whole
+  DSTACK_PROXY_BENCH_BEFORE=<dist>     P6/P6b also measure the in-server proxy of another build
+                                       (its dist/ directory, with node_modules next to it) in the
+                                       same run and print it as "before"
+  DSTACK_PROXY_BENCH_SCALE=converge|memory   one half of the scale section
+  DSTACK_PROXY_BENCH_PG=<url>          the PostgreSQL of the stores section
+`;
 
 /** One section in a fresh Node process; its rows come back as JSON in a file (stdout is the section's own). */
 async function runIsolated(name: string): Promise<Row[]> {
@@ -58,6 +74,10 @@ async function runIsolated(name: string): Promise<Row[]> {
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
+  if (args.includes('--help') || args.includes('-h')) {
+    process.stdout.write(HELP);
+    return;
+  }
   if (args[0] === SECTION_FLAG) {
     const section = SECTIONS.find((s) => s.name === args[1]);
     if (!section) throw new Error(`no bench section ${args[1]}`);
@@ -71,7 +91,7 @@ async function main(): Promise<void> {
   for (const section of SECTIONS) {
     if (args.length > 0 && !args.includes(section.name)) continue;
     process.stderr.write(`bench: ${section.name}…\n`);
-    rows.push(...(await runIsolated(section.name)));
+    rows.push(...(await runIsolated(section.name)).filter((r) => wanted(r.id)));
   }
   const table = renderTable(rows);
   process.stdout.write(`${table}\n`);

@@ -1,4 +1,5 @@
-// P5: requests/s and p50/p99 through Nginx → balancer socket → ssh2 tunnel vs Nginx → Unix
+// P5: requests/s and p50/p99 through Nginx → balancer socket (the per-request balancer: it reads
+// each request head and picks a replica for it) → ssh2 tunnel vs Nginx → Unix
 // socket → OpenSSH `ssh -L` tunnel, same sshd and backend, measured in the same run with wrk
 // (-t1 -c16 -d5s): with upstream keepalive, without it (a new channel per request), and a
 // 100 MiB download. The ssh2 side is the SSH loop alone in a child process
@@ -17,7 +18,7 @@ import { freePorts } from '../test/helpers/ports.js';
 import { startSshdChain } from '../test/helpers/sshd.js';
 import { tmpDir } from '../test/helpers/tmp.js';
 import { scaleRows, startChild, stopChild } from './ssh-scale.js';
-import type { Row } from './table.js';
+import { wanted, type Row } from './table.js';
 import { runWrk } from './wrk.js';
 
 const run = promisify(execFile);
@@ -69,7 +70,10 @@ async function download(url: string): Promise<number> {
 }
 
 export async function sshRows(): Promise<Row[]> {
-  return [...(await p5Rows()), ...(await scaleRows())];
+  return [
+    ...(['P5', 'P5b', 'P5c'].some((id) => wanted(id)) ? await p5Rows() : []),
+    ...(wanted('P8') || wanted('P8b') ? await scaleRows() : []),
+  ];
 }
 
 async function p5Rows(): Promise<Row[]> {
@@ -177,8 +181,8 @@ server {
         note: `p50/p99 ssh2 ${a.p50}/${a.p99} ms, OpenSSH ${b.p50}/${b.p99} ms; tunnel CPU per request ssh2 ${cpu(as)} µs, OpenSSH ${cpu(bs)} µs; medians of ${ROUNDS} alternating rounds`,
       });
     };
-    await pair('P5', 'nginx → balancer → ssh2, upstream keepalive, 16 conns', 'ka');
-    await pair('P5b', 'nginx → balancer → ssh2, a new channel per request', 'noKa');
+    await pair('P5', 'nginx → per-request balancer → ssh2, upstream keepalive, 16 conns', 'ka');
+    await pair('P5b', 'nginx → per-request balancer → ssh2, a new Nginx → socket connection per request', 'noKa');
     const down: { ours: number[]; theirs: number[] } = { ours: [], theirs: [] };
     for (let i = 0; i < DOWNLOAD_ROUNDS; i++) {
       const order = i % 2 === 0 ? (['ours', 'theirs'] as const) : (['theirs', 'ours'] as const);
@@ -187,7 +191,7 @@ server {
     const d = { ours: medianOf(down.ours), theirs: medianOf(down.theirs) };
     rows.push({
       id: 'P5c',
-      name: '100 MiB download through nginx → balancer → ssh2',
+      name: '100 MiB download through nginx → per-request balancer → ssh2',
       value: Math.round(d.ours),
       unit: 'MiB/s',
       target: '≥ 1.0× OpenSSH',
