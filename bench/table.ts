@@ -26,7 +26,7 @@ export function comparison(row: Row): string {
     factor = row.value === b.value ? 'equal' : lowerBetter ? (row.value === 0 ? `${fmt(b.value)} → 0` : 'worse') : 'n/a';
   } else {
     const x = lowerBetter ? b.value / row.value : row.value / b.value;
-    factor = `${x >= 10 ? Math.round(x) : x.toFixed(2)}× ${x >= 1 ? 'better' : 'worse'}`;
+    factor = `${x >= 10 ? Math.round(x) : x >= 0.01 ? x.toFixed(2) : x.toPrecision(1)}× ${x >= 1 ? 'better' : 'worse'}`;
   }
   return `${factor} than ${b.name} (${fmt(b.value)} ${row.unit}, ${b.measured})`;
 }
