@@ -145,15 +145,28 @@ server { listen 127.0.0.1:${nginxSsh}; location / { proxy_pass http://sp_ssh; pr
       await wrk(nginxUrl);
       if (beforeUrl) await wrk(beforeUrl);
       for (let i = 0; i < ROUNDS; i++) {
-        as.push(await wrk(oursUrl));
-        bs.push(await wrk(nginxUrl));
-        if (beforeUrl) cs.push(await wrk(beforeUrl));
+        if (!beforeUrl) {
+          as.push(await wrk(oursUrl));
+          bs.push(await wrk(nginxUrl));
+          continue;
+        }
+        // Three sides: the order rotates each round, so a drift in the machine's load does not
+        // always fall on the same one.
+        const sides = [
+          [oursUrl, as],
+          [nginxUrl, bs],
+          [beforeUrl, cs],
+        ] as const;
+        for (let k = 0; k < sides.length; k++) {
+          const [url, into] = sides[(i + k) % sides.length]!;
+          into.push(await wrk(url));
+        }
       }
       const a = median(as);
       const b = median(bs);
       const c = beforeUrl ? median(cs) : undefined;
       const versus = c
-        ? `; before (${beforeDist}) ${Math.round(c.rps)} req/s vs after ${Math.round(a.rps)} req/s, p50/p99 ${c.p50}/${c.p99} ms, after/before ${(a.rps / c.rps).toFixed(2)}×, p99 per round ${cs.map((r) => r.p99).join(' ')}`
+        ? `; before (${beforeDist}) ${Math.round(c.rps)} req/s vs after ${Math.round(a.rps)} req/s, p50/p99 ${c.p50}/${c.p99} ms, after/before ${(a.rps / c.rps).toFixed(2)}× (per round ${as.map((r, i) => (r.rps / cs[i]!.rps).toFixed(2)).join(' ')}), p99 per round ${cs.map((r) => r.p99).join(' ')}`
         : '';
       const added = Math.max(0, a.p99 - b.p99);
       rows.push({
