@@ -39,14 +39,20 @@ http.createServer((req, res) => {
 }).listen(Number(process.argv[1]), '127.0.0.1', () => process.send && process.send('up'));
 `;
 
-type Wrk = Pick<WrkResult, 'rps' | 'p50' | 'p99'>;
+/** cpuUs: this process's CPU per request during the run, µs; the proxies live here, so it is the measured proxy's own cost (steadier than req/s on a loaded machine). */
+type Wrk = Pick<WrkResult, 'rps' | 'p50' | 'p99'> & { cpuUs: number };
 
-const wrk = (url: string): Promise<Wrk> => runWrk(url);
+const wrk = async (url: string): Promise<Wrk> => {
+  const cpu0 = process.cpuUsage();
+  const r = await runWrk(url);
+  const cpu = process.cpuUsage(cpu0);
+  return { rps: r.rps, p50: r.p50, p99: r.p99, cpuUs: r.requests > 0 ? (cpu.user + cpu.system) / r.requests : 0 };
+};
 
 /** Each figure's median over the rounds, taken separately (one round's GC pause or preemption does not decide the p99). */
 function median(runs: Wrk[]): Wrk {
   const mid = (k: keyof Wrk): number => [...runs].map((r) => r[k]).sort((x, y) => x - y)[Math.floor(runs.length / 2)]!;
-  return { rps: mid('rps'), p50: mid('p50'), p99: mid('p99') };
+  return { rps: mid('rps'), p50: mid('p50'), p99: mid('p99'), cpuUs: mid('cpuUs') };
 }
 
 async function ok(url: string): Promise<true | undefined> {
@@ -166,7 +172,7 @@ server { listen 127.0.0.1:${nginxSsh}; location / { proxy_pass http://sp_ssh; pr
       const b = median(bs);
       const c = beforeUrl ? median(cs) : undefined;
       const versus = c
-        ? `; before (${beforeDist}) ${Math.round(c.rps)} req/s vs after ${Math.round(a.rps)} req/s, p50/p99 ${c.p50}/${c.p99} ms, after/before ${(a.rps / c.rps).toFixed(2)}× (per round ${as.map((r, i) => (r.rps / cs[i]!.rps).toFixed(2)).join(' ')}), p99 per round ${cs.map((r) => r.p99).join(' ')}`
+        ? `; before (${beforeDist}) ${Math.round(c.rps)} req/s vs after ${Math.round(a.rps)} req/s, p50/p99 ${c.p50}/${c.p99} ms, after/before ${(a.rps / c.rps).toFixed(2)}× (per round ${as.map((r, i) => (r.rps / cs[i]!.rps).toFixed(2)).join(' ')}), p99 per round ${cs.map((r) => r.p99).join(' ')}; proxy CPU per request after ${Math.round(a.cpuUs)} µs, before ${Math.round(c.cpuUs)} µs`
         : '';
       const added = Math.max(0, a.p99 - b.p99);
       rows.push({
