@@ -1,7 +1,7 @@
 // P5: requests/s and p50/p99 through Nginx → balancer socket (the per-request balancer: it reads
-// each request head and picks a replica for it) → ssh2 tunnel vs Nginx → Unix
-// socket → OpenSSH `ssh -L` tunnel, same sshd and backend, measured in the same run with wrk
-// (-t1 -c16 -d5s): with upstream keepalive, without it (a new channel per request), and a
+// each request head and picks a replica for it) → ssh2 tunnel vs Nginx → Unix socket → OpenSSH
+// `ssh -L` tunnel, same sshd and backend, measured in the same run with wrk (-t1 -c16 -d5s): with
+// Nginx's upstream keepalive, without it (a new connection to the socket per request), and a
 // 100 MiB download. The ssh2 side is the SSH loop alone in a child process
 // (bench/ssh-child.ts), the backend another, so each tunnel process does nothing but tunnel
 // and its CPU per request can be read from /proc next to the ssh client's.
