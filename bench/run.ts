@@ -48,9 +48,9 @@ Environment:
   DSTACK_PROXY_BENCH_ONLY=P5*,P6,P6b   only these rows (ids, comma-separated; a trailing * takes
                                        every id with that prefix); name the sections too, or the
                                        sections that do not check it run whole
-  DSTACK_PROXY_BENCH_BEFORE=<dist>     P6/P6b also measure the in-server proxy of another build
-                                       (its dist/ directory, with node_modules next to it) in the
-                                       same run and print it as "before"
+  DSTACK_PROXY_BENCH_BEFORE=<dist>     P5/P5b/P5c also measure the tunnel process and P6/P6b the
+                                       in-server proxy of another build (its dist/ directory, with
+                                       node_modules next to it) in the same rounds, as "before"
   DSTACK_PROXY_BENCH_SCALE=converge|memory   one half of the scale section
   DSTACK_PROXY_BENCH_PG=<url>          the PostgreSQL of the stores section
 `;
