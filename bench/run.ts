@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import os from 'node:os';
 import { join } from 'node:path';
+import { balanceRows } from './balance.js';
 import { churnRows } from './churn.js';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
@@ -20,13 +21,14 @@ import { specRows } from './spec.js';
 import { sshRows } from './ssh.js';
 import { statsRows } from './stats.js';
 import { storeRows } from './stores.js';
-import { renderTable, type Row } from './table.js';
+import { renderTable, wanted, type Row } from './table.js';
 
 const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'spec', run: specRows },
   { name: 'gateway', run: gatewayRows },
   { name: 'churn', run: churnRows },
   { name: 'ssh', run: sshRows },
+  { name: 'balance', run: balanceRows },
   { name: 'stats', run: () => statsRows() },
   { name: 'stores', run: storeRows },
   { name: 'models', run: modelRows },
@@ -36,6 +38,22 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
 ];
 
 const SECTION_FLAG = '--section';
+
+const HELP = `npm run bench [-- <section>...]   the performance table, printed and written to bench/results.json
+
+Sections (all when none is named; each runs in a Node process of its own):
+  ${SECTIONS.map((s) => s.name).join(' ')}
+
+Environment:
+  DSTACK_PROXY_BENCH_ONLY=P5*,P6,P6b   only these rows (ids, comma-separated; a trailing * takes
+                                       every id with that prefix); name the sections too, or the
+                                       sections that do not check it run whole
+  DSTACK_PROXY_BENCH_BEFORE=<dist>     P5/P5b/P5c also measure the tunnel process and P6/P6b the
+                                       in-server proxy of another build (its dist/ directory, with
+                                       node_modules next to it) in the same rounds, as "before"
+  DSTACK_PROXY_BENCH_SCALE=converge|memory   one half of the scale section
+  DSTACK_PROXY_BENCH_PG=<url>          the PostgreSQL of the stores section
+`;
 
 /** One section in a fresh Node process; its rows come back as JSON in a file (stdout is the section's own). */
 async function runIsolated(name: string): Promise<Row[]> {
@@ -56,6 +74,10 @@ async function runIsolated(name: string): Promise<Row[]> {
 
 async function main(): Promise<void> {
   const args = process.argv.slice(2);
+  if (args.includes('--help') || args.includes('-h')) {
+    process.stdout.write(HELP);
+    return;
+  }
   if (args[0] === SECTION_FLAG) {
     const section = SECTIONS.find((s) => s.name === args[1]);
     if (!section) throw new Error(`no bench section ${args[1]}`);
@@ -69,7 +91,7 @@ async function main(): Promise<void> {
   for (const section of SECTIONS) {
     if (args.length > 0 && !args.includes(section.name)) continue;
     process.stderr.write(`bench: ${section.name}…\n`);
-    rows.push(...(await runIsolated(section.name)));
+    rows.push(...(await runIsolated(section.name)).filter((r) => wanted(r.id)));
   }
   const table = renderTable(rows);
   process.stdout.write(`${table}\n`);

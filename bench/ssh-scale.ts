@@ -28,9 +28,14 @@ export interface ScaleOptions {
   idleMs?: number;
 }
 
-/** Starts the tunnel child with `spec`; resolves once every replica is Ready. */
-export async function startChild(spec: ProxyState, stateDir: string, readyTimeoutMs: number): Promise<ChildProcess> {
-  const child = fork(CHILD_PATH, [], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+/** Starts the tunnel child (this build's, or the one at `childPath`) with `spec`; resolves once every replica is Ready. */
+export async function startChild(
+  spec: ProxyState,
+  stateDir: string,
+  readyTimeoutMs: number,
+  childPath = CHILD_PATH,
+): Promise<ChildProcess> {
+  const child = fork(childPath, [], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
   const ready = new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`tunnel child not ready within ${readyTimeoutMs} ms`)), readyTimeoutMs);
     child.once('message', () => {

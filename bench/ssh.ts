@@ -1,14 +1,17 @@
-// P5: requests/s and p50/p99 through Nginx → balancer socket → ssh2 tunnel vs Nginx → Unix
-// socket → OpenSSH `ssh -L` tunnel, same sshd and backend, measured in the same run with wrk
-// (-t1 -c16 -d5s): with upstream keepalive, without it (a new channel per request), and a
+// P5: requests/s and p50/p99 through Nginx → balancer socket (the per-request balancer: it reads
+// each request head and picks a replica for it) → ssh2 tunnel vs Nginx → Unix socket → OpenSSH
+// `ssh -L` tunnel, same sshd and backend, measured in the same run with wrk (-t1 -c16 -d5s): with
+// Nginx's upstream keepalive, without it (a new connection to the socket per request), and a
 // 100 MiB download. The ssh2 side is the SSH loop alone in a child process
 // (bench/ssh-child.ts), the backend another, so each tunnel process does nothing but tunnel
 // and its CPU per request can be read from /proc next to the ssh client's.
+// DSTACK_PROXY_BENCH_BEFORE=<dist of another build>: that build's tunnel child runs too, behind
+// sites of its own, and P5/P5b/P5c measure it in the same rounds as "before".
 // P8 (bench/ssh-scale.ts): RSS and idle CPU with 500 live tunnels.
 
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { socketPathFor } from '../src/dataplane/index.js';
 import { emptyState, type ProxyState } from '../src/spec/types.js';
@@ -17,7 +20,7 @@ import { freePorts } from '../test/helpers/ports.js';
 import { startSshdChain } from '../test/helpers/sshd.js';
 import { tmpDir } from '../test/helpers/tmp.js';
 import { scaleRows, startChild, stopChild } from './ssh-scale.js';
-import type { Row } from './table.js';
+import { wanted, type Row } from './table.js';
 import { runWrk } from './wrk.js';
 
 const run = promisify(execFile);
@@ -69,7 +72,10 @@ async function download(url: string): Promise<number> {
 }
 
 export async function sshRows(): Promise<Row[]> {
-  return [...(await p5Rows()), ...(await scaleRows())];
+  return [
+    ...(['P5', 'P5b', 'P5c'].some((id) => wanted(id)) ? await p5Rows() : []),
+    ...(wanted('P8') || wanted('P8b') ? await scaleRows() : []),
+  ];
 }
 
 async function p5Rows(): Promise<Row[]> {
@@ -79,8 +85,18 @@ async function p5Rows(): Promise<Row[]> {
   const sshd = chain.sshds[0]!;
   const ng = await startTestNginx();
   let tunnels: ChildProcess | undefined;
+  let previous: ChildProcess | undefined;
+  const beforeDist = process.env.DSTACK_PROXY_BENCH_BEFORE;
   try {
-    const [appPort, nginxKa, nginxNoKa, opensshKa, opensshNoKa] = (await freePorts(5)) as [number, number, number, number, number];
+    const [appPort, nginxKa, nginxNoKa, opensshKa, opensshNoKa, beforeKa, beforeNoKa] = (await freePorts(7)) as [
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+    ];
     const backend = spawn(process.execPath, ['-e', BACKEND, String(appPort)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
     procs.push(backend);
     await new Promise((r) => backend.once('message', r));
@@ -103,6 +119,8 @@ async function p5Rows(): Promise<Row[]> {
     const stateDir = join(tmp.dir, 'gw');
     tunnels = await startChild(state, stateDir, 30_000);
     const ssh2Sock = socketPathFor(join(stateDir, 'sockets'), 'bench/app');
+    if (beforeDist) previous = await startChild(state, join(tmp.dir, 'gw-before'), 30_000, join(resolve(beforeDist), 'bench/ssh-child.js'));
+    const beforeSock = socketPathFor(join(tmp.dir, 'gw-before', 'sockets'), 'bench/app');
 
     // OpenSSH: ssh -L <unix socket>:127.0.0.1:<app>, its default cipher (chacha20-poly1305).
     const keyFile = join(tmp.dir, 'ssh', 'client_ed25519');
@@ -143,6 +161,7 @@ server {
         site(nginxNoKa, ssh2Sock, false),
         site(opensshKa, opensshSock, true),
         site(opensshNoKa, opensshSock, false),
+        ...(previous ? [site(beforeKa, beforeSock, true), site(beforeNoKa, beforeSock, false)] : []),
       ].join('\n'),
     );
     await ng.reload();
@@ -150,21 +169,33 @@ server {
     await eventually(async () => ((await wrkWarm(`http://127.0.0.1:${opensshKa}/`)) ? true : undefined));
     const ours = { pid: tunnels.pid ?? 0, ka: nginxKa, noKa: nginxNoKa };
     const theirs = { pid: ssh.pid ?? 0, ka: opensshKa, noKa: opensshNoKa };
+    const older = previous ? { pid: previous.pid ?? 0, ka: beforeKa, noKa: beforeNoKa } : undefined;
+    if (older) await eventually(async () => ((await wrkWarm(`http://127.0.0.1:${beforeKa}/`)) ? true : undefined));
+    const sides = older ? [ours, theirs, older] : [ours, theirs];
+    /** Round i's order: alternating, or rotating when there are three sides (load drifts between runs). */
+    const orderOf = (i: number): typeof sides =>
+      older ? sides.map((_, k) => sides[(i + k) % sides.length]!) : i % 2 === 0 ? [ours, theirs] : [theirs, ours];
     // Warm-up: the first seconds of the ssh2 process are spent in V8's optimising compiler.
-    for (const side of [ours, theirs]) for (const port of [side.ka, side.noKa]) await wrk(`http://127.0.0.1:${port}/`, side.pid, 2);
+    for (const side of sides) for (const port of [side.ka, side.noKa]) await wrk(`http://127.0.0.1:${port}/`, side.pid, 2);
 
     const rows: Row[] = [];
     const pair = async (id: string, name: string, mode: 'ka' | 'noKa'): Promise<void> => {
+      if (!wanted(id)) return;
       // Alternating rounds, medians: the machine is shared, load drifts between runs.
       const as: Wrk[] = [];
       const bs: Wrk[] = [];
+      const cs: Wrk[] = [];
       for (let i = 0; i < ROUNDS; i++) {
-        const order = i % 2 === 0 ? [ours, theirs] : [theirs, ours];
-        for (const side of order) (side === ours ? as : bs).push(await wrk(`http://127.0.0.1:${side[mode]}/`, side.pid));
+        for (const side of orderOf(i))
+          (side === ours ? as : side === theirs ? bs : cs).push(await wrk(`http://127.0.0.1:${side[mode]}/`, side.pid));
       }
       const a = median(as);
       const b = median(bs);
       const cpu = (xs: Wrk[]): number => Math.round(medianOf(xs.map((x) => x.cpuUs)));
+      const c = older ? median(cs) : undefined;
+      const versus = c
+        ? `; before (${beforeDist}) ${Math.round(c.rps)} req/s vs after ${Math.round(a.rps)} req/s (${(a.rps / c.rps).toFixed(2)}×), p50/p99 ${c.p50}/${c.p99} ms, tunnel CPU per request ${cpu(cs)} µs`
+        : '';
       rows.push({
         id,
         name,
@@ -174,31 +205,34 @@ server {
         ok: a.rps >= b.rps,
         better: 'higher',
         baseline: { name: 'nginx → ssh -L (OpenSSH)', value: Math.round(b.rps), measured: 'same run' },
-        note: `p50/p99 ssh2 ${a.p50}/${a.p99} ms, OpenSSH ${b.p50}/${b.p99} ms; tunnel CPU per request ssh2 ${cpu(as)} µs, OpenSSH ${cpu(bs)} µs; medians of ${ROUNDS} alternating rounds`,
+        note: `p50/p99 ssh2 ${a.p50}/${a.p99} ms, OpenSSH ${b.p50}/${b.p99} ms; tunnel CPU per request ssh2 ${cpu(as)} µs, OpenSSH ${cpu(bs)} µs; medians of ${ROUNDS} alternating rounds${versus}`,
       });
     };
-    await pair('P5', 'nginx → balancer → ssh2, upstream keepalive, 16 conns', 'ka');
-    await pair('P5b', 'nginx → balancer → ssh2, a new channel per request', 'noKa');
-    const down: { ours: number[]; theirs: number[] } = { ours: [], theirs: [] };
+    await pair('P5', 'nginx → per-request balancer → ssh2, upstream keepalive, 16 conns', 'ka');
+    await pair('P5b', 'nginx → per-request balancer → ssh2, a new Nginx → socket connection per request', 'noKa');
+    if (!wanted('P5c')) return rows;
+    const down: { ours: number[]; theirs: number[]; older: number[] } = { ours: [], theirs: [], older: [] };
     for (let i = 0; i < DOWNLOAD_ROUNDS; i++) {
-      const order = i % 2 === 0 ? (['ours', 'theirs'] as const) : (['theirs', 'ours'] as const);
-      for (const side of order) down[side].push(await download(`http://127.0.0.1:${side === 'ours' ? nginxKa : opensshKa}/big`));
+      for (const side of orderOf(i)) {
+        down[side === ours ? 'ours' : side === theirs ? 'theirs' : 'older'].push(await download(`http://127.0.0.1:${side.ka}/big`));
+      }
     }
-    const d = { ours: medianOf(down.ours), theirs: medianOf(down.theirs) };
+    const d = { ours: medianOf(down.ours), theirs: medianOf(down.theirs), older: medianOf(down.older) };
     rows.push({
       id: 'P5c',
-      name: '100 MiB download through nginx → balancer → ssh2',
+      name: '100 MiB download through nginx → per-request balancer → ssh2',
       value: Math.round(d.ours),
       unit: 'MiB/s',
       target: '≥ 1.0× OpenSSH',
       ok: d.ours >= d.theirs,
       better: 'higher',
       baseline: { name: 'nginx → ssh -L (OpenSSH)', value: Math.round(d.theirs), measured: 'same run' },
-      note: `medians of ${DOWNLOAD_ROUNDS} alternating rounds`,
+      note: `medians of ${DOWNLOAD_ROUNDS} alternating rounds${older ? `; before (${beforeDist}) ${Math.round(d.older)} MiB/s` : ''}`,
     });
     return rows;
   } finally {
     if (tunnels) await stopChild(tunnels).catch(() => tunnels?.kill('SIGKILL'));
+    if (previous) await stopChild(previous).catch(() => previous?.kill('SIGKILL'));
     for (const p of procs) p.kill('SIGKILL');
     await ng.stop();
     await chain.stop();

@@ -26,7 +26,7 @@ export function comparison(row: Row): string {
     factor = row.value === b.value ? 'equal' : lowerBetter ? (row.value === 0 ? `${fmt(b.value)} → 0` : 'worse') : 'n/a';
   } else {
     const x = lowerBetter ? b.value / row.value : row.value / b.value;
-    factor = `${x >= 10 ? Math.round(x) : x.toFixed(2)}× ${x >= 1 ? 'better' : 'worse'}`;
+    factor = `${x >= 10 ? Math.round(x) : x >= 0.01 ? x.toFixed(2) : x.toPrecision(1)}× ${x >= 1 ? 'better' : 'worse'}`;
   }
   return `${factor} than ${b.name} (${fmt(b.value)} ${row.unit}, ${b.measured})`;
 }
@@ -61,4 +61,19 @@ export function median(xs: number[]): number {
 export function percentile(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!;
+}
+
+/**
+ * DSTACK_PROXY_BENCH_ONLY: a comma-separated list of row ids (`P5*` takes every id starting
+ * with P5). Sections skip the measurements whose rows are not listed, so a few rows can be run
+ * alone (with the section names on the command line, the other sections do not start at all).
+ * Unset: every row.
+ */
+export function wanted(id: string, only = process.env.DSTACK_PROXY_BENCH_ONLY): boolean {
+  if (!only) return true;
+  return only
+    .split(',')
+    .map((t) => t.trim())
+    .filter(Boolean)
+    .some((t) => (t.endsWith('*') ? id.startsWith(t.slice(0, -1)) : id === t));
 }
