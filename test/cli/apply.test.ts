@@ -71,11 +71,12 @@ describe('dstack-proxy apply', () => {
     expect(r.stdout).not.toMatch(ANSI);
   });
 
-  it("leaves nginx routing the site (the replicas are down: the balancer's 503, not the default 404)", async () => {
+  it("leaves nginx routing the site (its direct replicas refuse: the balancer's 502, not the default 404)", async () => {
     const httpPort = Number(/listen 127\.0\.0\.1:(\d+)/.exec(await readSite('hello.localhost'))?.[1]);
     const reply = await request({ port: httpPort, host: 'hello.localhost' });
-    expect(reply.status).toBe(503);
-    expect(JSON.parse(reply.body)).toEqual({ detail: 'Service demo/hello has no ready replica' });
+    // Direct replicas count as Ready; nothing listens on their ports, so every one refused.
+    expect(reply.status).toBe(502);
+    expect(JSON.parse(reply.body)).toEqual({ detail: 'Error requesting upstream' });
   });
 
   it('says "no changes" for the same document and exits 0', async () => {
