@@ -1,15 +1,7 @@
 // The upstream client's request, handler and error types, shared by the connection, the pool and
 // the promise API.
 
-import type { Duplex, Readable } from 'node:stream';
-
-/**
- * Opens a byte stream to a Ready replica of the service named by its key (the SSH loop's
- * balancer), for a pool to speak HTTP/1.1 over: the one way the data plane (the in-server proxy,
- * the model API) reaches replicas without knowing how they are reached. Each caller maps what it
- * throws to the client's answer.
- */
-export type ConnectFn = (serviceKey: string) => Duplex | Promise<Duplex>;
+import type { Readable } from 'node:stream';
 
 export interface Http1Request {
   method: string;
