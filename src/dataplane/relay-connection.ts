@@ -321,7 +321,7 @@ class RelayRequest implements Http1Handler {
     // Held for the first body bytes when they come in the same read; a replica that sends its
     // head and then thinks (an event stream's first event, a queued generation) must not keep
     // the client from seeing the status meanwhile.
-    process.nextTick(flushHead, this);
+    holdHead(this);
   }
 
   /** The head, if no body bytes took it along. */
@@ -382,8 +382,20 @@ class RelayRequest implements Http1Handler {
   }
 }
 
-function flushHead(req: RelayRequest): void {
-  req.flushHead();
+/**
+ * Heads held until the next tick. One read from an SSH connection carries the answers of many
+ * requests: one tick flushes all the heads no body bytes took along, in the order they came.
+ */
+let held: RelayRequest[] = [];
+
+function holdHead(req: RelayRequest): void {
+  if (held.push(req) === 1) process.nextTick(flushHeld);
+}
+
+function flushHeld(): void {
+  const reqs = held;
+  held = [];
+  for (const req of reqs) req.flushHead();
 }
 
 /**

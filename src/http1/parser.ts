@@ -83,7 +83,7 @@ export class ResponseParser {
     this.#isHead = isHead;
     this.#keepAlive = false;
     this.#received = false;
-    this.#parts = [];
+    if (this.#parts.length > 0) this.#parts = [];
     this.#partsLen = 0;
     this.#tail = EMPTY;
   }
