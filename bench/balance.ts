@@ -12,11 +12,8 @@ import type net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { pino } from 'pino';
-import { startGateway } from '../src/daemon/gateway.js';
-import { resolveOptions } from '../src/gateway/options.js';
 import { eventually, startTestNginx } from '../test/helpers/nginx.js';
-import { freePort } from './gateway.js';
+import { freePort, startBenchGateway } from './gateway.js';
 import { generateDocument } from './generate.js';
 import type { Row } from './table.js';
 
@@ -122,20 +119,7 @@ export async function balanceRows(): Promise<Row[]> {
   const fast = await startReplica('fast', FAST_MS);
   const two = await Promise.all([0, 1].map((i) => startReplica(`two-${i}`, 0)));
   const four = await Promise.all([0, 1, 2, 3].map((i) => startReplica(`four-${i}`, 0)));
-  const [httpPort, httpsPort] = [await freePort(), await freePort()];
-  const gw = await startGateway(
-    resolveOptions({
-      flags: {
-        stateDir,
-        apiPort: '0',
-        httpPort: String(httpPort),
-        httpsPort: String(httpsPort),
-        listenHost: '127.0.0.1',
-        resyncInterval: '3600',
-      },
-    }),
-    { logger: pino({ level: 'silent' }) },
-  );
+  const { gw, httpPort } = await startBenchGateway(stateDir);
   const rr = await startTestNginx();
   try {
     const groups = { slowfast: [slow, fast], two, four };

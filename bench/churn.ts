@@ -11,11 +11,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { pino } from 'pino';
-import { startGateway } from '../src/daemon/gateway.js';
-import { resolveOptions } from '../src/gateway/options.js';
 import { API_VERSION, KIND } from '../src/spec/index.js';
-import { freePort } from './gateway.js';
+import { startBenchGateway } from './gateway.js';
 import type { Row } from './table.js';
 
 const ADDED = 60;
@@ -100,20 +97,9 @@ export async function churn(minReloadIntervalMs: number | undefined): Promise<Ch
   const backend = http.createServer((_req, res) => res.end('ok')).listen(0, '127.0.0.1');
   await new Promise((r) => backend.once('listening', r));
   const backendPort = (backend.address() as net.AddressInfo).port;
-  const [httpPort, httpsPort] = [await freePort(), await freePort()];
-  const gw = await startGateway(
-    resolveOptions({
-      flags: {
-        stateDir,
-        apiPort: '0',
-        httpPort: String(httpPort),
-        httpsPort: String(httpsPort),
-        listenHost: '127.0.0.1',
-        resyncInterval: '3600',
-      },
-    }),
-    { logger: pino({ level: 'silent' }), ...(minReloadIntervalMs !== undefined ? { nginxLoop: { minReloadIntervalMs } } : {}) },
-  );
+  const { gw, httpPort } = await startBenchGateway(stateDir, {
+    ...(minReloadIntervalMs !== undefined ? { nginxLoop: { minReloadIntervalMs } } : {}),
+  });
   try {
     await put(gw.apiUrl, doc(backendPort, 0));
     await gw.controller.whenIdle();

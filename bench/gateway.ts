@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { pino } from 'pino';
-import { startGateway } from '../src/daemon/gateway.js';
+import { startGateway, type Gateway } from '../src/daemon/gateway.js';
 import { resolveOptions } from '../src/gateway/options.js';
 import { generateDocument } from './generate.js';
 import type { Row } from './table.js';
@@ -27,6 +27,31 @@ export async function freePort(): Promise<number> {
       srv.close(() => resolve(port));
     });
   });
+}
+
+/**
+ * A gateway with its private Nginx on free ports of 127.0.0.1, silent, with no resync pass
+ * during a measurement.
+ */
+export async function startBenchGateway(
+  stateDir: string,
+  deps: Omit<NonNullable<Parameters<typeof startGateway>[1]>, 'logger'> = {},
+): Promise<{ gw: Gateway; httpPort: number; httpsPort: number }> {
+  const [httpPort, httpsPort] = [await freePort(), await freePort()];
+  const gw = await startGateway(
+    resolveOptions({
+      flags: {
+        stateDir,
+        apiPort: '0',
+        httpPort: String(httpPort),
+        httpsPort: String(httpsPort),
+        listenHost: '127.0.0.1',
+        resyncInterval: '3600',
+      },
+    }),
+    { logger: pino({ level: 'silent' }), ...deps },
+  );
+  return { gw, httpPort, httpsPort };
 }
 
 function get(port: number, host: string, agent: http.Agent): Promise<number> {
@@ -63,20 +88,7 @@ export async function gatewayRows(): Promise<Row[]> {
   const backend = http.createServer((_req, res) => res.end('ok')).listen(0, '127.0.0.1');
   await new Promise((r) => backend.once('listening', r));
   const backendPort = (backend.address() as net.AddressInfo).port;
-  const [httpPort, httpsPort] = [await freePort(), await freePort()];
-  const gw = await startGateway(
-    resolveOptions({
-      flags: {
-        stateDir,
-        apiPort: '0',
-        httpPort: String(httpPort),
-        httpsPort: String(httpsPort),
-        listenHost: '127.0.0.1',
-        resyncInterval: '3600',
-      },
-    }),
-    { logger: pino({ level: 'silent' }) },
-  );
+  const { gw, httpPort } = await startBenchGateway(stateDir);
   const agent = new http.Agent({ keepAlive: true, maxSockets: 16 });
   try {
     const doc = generateDocument(SERVICES, 1, { direct: true });

@@ -10,11 +10,8 @@ import type net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { pino } from 'pino';
-import { startGateway } from '../src/daemon/gateway.js';
-import { resolveOptions } from '../src/gateway/options.js';
 import { API_VERSION, KIND } from '../src/spec/index.js';
-import { freePort } from './gateway.js';
+import { startBenchGateway } from './gateway.js';
 import type { Row } from './table.js';
 
 const REMOVALS = 100;
@@ -114,20 +111,9 @@ async function removals(minReloadIntervalMs: number | undefined): Promise<Remova
   backend.keepAliveTimeout = 120_000;
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', r));
   const backendPort = (backend.address() as net.AddressInfo).port;
-  const [httpPort, httpsPort] = [await freePort(), await freePort()];
-  const gw = await startGateway(
-    resolveOptions({
-      flags: {
-        stateDir,
-        apiPort: '0',
-        httpPort: String(httpPort),
-        httpsPort: String(httpsPort),
-        listenHost: '127.0.0.1',
-        resyncInterval: '3600',
-      },
-    }),
-    { logger: pino({ level: 'silent' }), ...(minReloadIntervalMs !== undefined ? { nginxLoop: { minReloadIntervalMs } } : {}) },
-  );
+  const { gw, httpPort } = await startBenchGateway(stateDir, {
+    ...(minReloadIntervalMs !== undefined ? { nginxLoop: { minReloadIntervalMs } } : {}),
+  });
   const svc = (run: string) => ({
     project: 'main',
     run,

@@ -5,8 +5,15 @@
 
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { KeepAliveClient, openWebSocket, replicaReady, startNamedReplica, type NamedReplica } from '../helpers/balancing.js';
-import { api, putState, type TestGateway } from '../helpers/gateway.js';
+import {
+  KeepAliveClient,
+  openWebSocket,
+  startNamedReplica,
+  type NamedReplica,
+  allReplicasReady,
+  answersFrom as answersFromAll,
+} from '../helpers/balancing.js';
+import { putState, type TestGateway } from '../helpers/gateway.js';
 import { eventually } from '../helpers/nginx.js';
 import { directReplica, integrationDoc, startGatewayWith, type ReplicaDoc, type ServiceDoc } from './integration-harness.js';
 
@@ -23,26 +30,10 @@ async function put(): Promise<void> {
   expect(res.status, res.body).toBe(200);
 }
 
-async function allReady(): Promise<true | undefined> {
-  const s = await api(t, { path: '/api/v1/status' });
-  for (const [run, replicas] of services) for (const x of replicas) if (!replicaReady(s.json, `main/${run}/${x.id}`)) return undefined;
-  return true;
-}
+const allReady = (): Promise<true | undefined> => allReplicasReady(t, services);
 
 /** Waits until `run` answers 200 from every replica named in `names`. */
-async function answersFrom(run: string, names: string[]): Promise<void> {
-  const client = new KeepAliveClient(t.httpPort, domain(run), 4);
-  try {
-    const seen = new Set<string>();
-    await eventually(async () => {
-      const replies = await Promise.all(Array.from({ length: 4 }, () => client.request('/warm')));
-      for (const x of replies) if (x.status === 200) seen.add(x.replica);
-      return names.every((n) => seen.has(n)) ? true : undefined;
-    }, 30_000);
-  } finally {
-    client.close();
-  }
-}
+const answersFrom = (run: string, names: string[]): Promise<void> => answersFromAll(t.httpPort, domain(run), names);
 
 interface Streamed {
   status: number;

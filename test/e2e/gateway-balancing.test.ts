@@ -6,8 +6,16 @@
 
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { countsSince, KeepAliveClient, replicaReady, startNamedReplica, type KeptReply, type NamedReplica } from '../helpers/balancing.js';
-import { api, putState, type TestGateway } from '../helpers/gateway.js';
+import {
+  countsSince,
+  KeepAliveClient,
+  startNamedReplica,
+  type KeptReply,
+  type NamedReplica,
+  allReplicasReady,
+  answersFrom as answersFromAll,
+} from '../helpers/balancing.js';
+import { putState, type TestGateway } from '../helpers/gateway.js';
 import { eventually } from '../helpers/nginx.js';
 import { generateKey, startSshd, type ClientKey, type TestSshd } from '../helpers/sshd.js';
 import { tmpDir } from '../helpers/tmp.js';
@@ -40,27 +48,10 @@ async function put(): Promise<void> {
   expect(res.status, res.body).toBe(200);
 }
 
-/** Every replica of the document Ready in /api/v1/status. */
-async function allReady(): Promise<true | undefined> {
-  const s = await api(t, { path: '/api/v1/status' });
-  for (const [run, replicas] of services) for (const rep of replicas) if (!replicaReady(s.json, `main/${run}/${rep.id}`)) return undefined;
-  return true;
-}
+const allReady = (): Promise<true | undefined> => allReplicasReady(t, services);
 
 /** Waits until `run` answers 200 from every replica named in `names`. */
-async function answersFrom(run: string, names: string[]): Promise<void> {
-  const client = new KeepAliveClient(t.httpPort, domain(run), 4);
-  try {
-    const seen = new Set<string>();
-    await eventually(async () => {
-      const replies = await Promise.all(Array.from({ length: 4 }, () => client.request('/warm')));
-      for (const x of replies) if (x.status === 200) seen.add(x.replica);
-      return names.every((n) => seen.has(n)) ? true : undefined;
-    }, 30_000);
-  } finally {
-    client.close();
-  }
-}
+const answersFrom = (run: string, names: string[]): Promise<void> => answersFromAll(t.httpPort, domain(run), names);
 
 const reloads = async (): Promise<number | undefined> => sampleValue(await scrape(t), 'dstack_proxy_nginx_reloads_total');
 

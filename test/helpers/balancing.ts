@@ -6,6 +6,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { Agent, createServer, request as httpRequest, type Server, type ServerResponse } from 'node:http';
 import { connect as netConnect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
+import { api, type TestGateway } from './gateway.js';
 import { eventually } from './nginx.js';
 
 // ── replicas ──────────────────────────────────────────────────────────────────────────────
@@ -290,4 +291,29 @@ interface StatusDoc {
 export function replicaReady(status: unknown, key: string): boolean {
   const o = (status as StatusDoc).loops?.ssh?.objects?.[key];
   return o?.conditions.find((c) => c.type === 'Ready')?.status === 'True';
+}
+
+/** Every replica of `services` (by run, in project `main`) Ready in the gateway's /api/v1/status. */
+export async function allReplicasReady(
+  t: TestGateway,
+  services: ReadonlyMap<string, readonly { id: string }[]>,
+): Promise<true | undefined> {
+  const s = await api(t, { path: '/api/v1/status' });
+  for (const [run, replicas] of services) for (const x of replicas) if (!replicaReady(s.json, `main/${run}/${x.id}`)) return undefined;
+  return true;
+}
+
+/** Waits until the site at `host` answers 200 from every replica named in `names`. */
+export async function answersFrom(port: number, host: string, names: string[]): Promise<void> {
+  const client = new KeepAliveClient(port, host, 4);
+  try {
+    const seen = new Set<string>();
+    await eventually(async () => {
+      const replies = await Promise.all(Array.from({ length: 4 }, () => client.request('/warm')));
+      for (const x of replies) if (x.status === 200) seen.add(x.replica);
+      return names.every((n) => seen.has(n)) ? true : undefined;
+    }, 30_000);
+  } finally {
+    client.close();
+  }
 }
