@@ -23,18 +23,14 @@
 // drain period (drain()), then its connections close.
 
 import { Socket as NetSocket } from 'node:net';
-import type { Duplex, Readable } from 'node:stream';
+import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import { systemClock, type Clock } from '../clock.js';
 import { Http1Pool, type Http1Exchange, type Http1Handler, type Http1Request } from '../http1/index.js';
-import { DataPlaneError, noReadyReplica } from './errors.js';
+import { Dispatch } from './dispatch.js';
+import { ConnectFailure, errorText, finalError, Replica, type Tally, type Upstream } from './replica.js';
 
-/** How a replica is reached: an SSH tunnel, or a plain TCP address. */
-export interface Upstream {
-  isReady(): boolean;
-  /** A new byte stream to the replica's app port. */
-  open(): Promise<Duplex>;
-}
+export type { Upstream } from './replica.js';
 
 export interface ReplicasOptions {
   /** Opening a connection to a replica; past it that replica counts as failed. Default 10 s. */
@@ -71,94 +67,6 @@ export interface ReplicaLoad {
    * total. It starts again from 0 only after the id left the books entirely (removed, drained).
    */
   total: number;
-}
-
-/** The request count of one service's replica id, shared by its replacements while any is on the books. */
-interface Tally {
-  total: number;
-  /** Replicas of the id on the books (in rotation or draining). */
-  refs: number;
-}
-
-/** Opening a connection to a replica failed: nothing was sent, another replica may be tried. */
-class ConnectFailure extends Error {
-  readonly code = 'DP_UPSTREAM_CONNECT';
-  constructor(
-    readonly timedOut: boolean,
-    message: string,
-    options?: { cause?: unknown },
-  ) {
-    super(message, options);
-    this.name = 'ConnectFailure';
-  }
-}
-
-const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
-
-/** Choices made so far, in this process: a replica's `chosen` orders it among equals. */
-let choices = 0;
-
-class Replica {
-  inFlight = 0;
-  requests = 0;
-  /** When it was last chosen (`choices` then); 0: never, so a new replica goes first. */
-  chosen = 0;
-  removed = false;
-  /** Left the books (forget()): its tally no longer counts it. */
-  forgotten = false;
-  /** Cut (drain period over, or close()): a stream opened to it now is closed at once. */
-  destroyed = false;
-  #pool: Http1Pool | null = null;
-  readonly pinned = new Set<Duplex>();
-  onIdle: (() => void) | null = null;
-  /** What drain() returns while one runs: a second call waits for the same end. */
-  drained: Promise<void> | null = null;
-
-  constructor(
-    readonly serviceKey: string,
-    readonly id: string,
-    readonly upstream: Upstream,
-    private readonly owner: Replicas,
-    readonly tally: Tally,
-  ) {
-    tally.refs++;
-  }
-
-  /** One more request (or pinned stream) sent to it. */
-  count(): void {
-    this.chosen = ++choices;
-    this.inFlight++;
-    this.requests++;
-    this.tally.total++;
-  }
-
-  get pool(): Http1Pool {
-    return (this.#pool ??= this.owner.newPool(this));
-  }
-
-  get hasPool(): boolean {
-    return this.#pool !== null;
-  }
-
-  done(): void {
-    this.inFlight--;
-    if (!this.removed || this.inFlight > 0) return;
-    if (this.onIdle !== null) this.onIdle();
-    else this.owner.forget(this);
-  }
-
-  /** Out of rotation: idle connections close now, busy ones after their answer. */
-  retire(): void {
-    this.removed = true;
-    void this.#pool?.close().catch(() => undefined);
-  }
-
-  destroy(): void {
-    this.removed = true;
-    this.destroyed = true;
-    void this.#pool?.destroy().catch(() => undefined);
-    for (const s of this.pinned) s.destroy();
-  }
 }
 
 export class Replicas {
@@ -386,115 +294,5 @@ export class Replicas {
     if (--r.tally.refs > 0) return;
     const key = `${r.serviceKey}\0${r.id}`;
     if (this.#tallies.get(key) === r.tally) this.#tallies.delete(key);
-  }
-}
-
-/** With nothing left to try: no replica was Ready, or the last one tried failed this way. */
-function finalError(serviceKey: string, last: unknown): Error {
-  if (last === null) return noReadyReplica(serviceKey);
-  if (last instanceof ConnectFailure && last.timedOut) return new DataPlaneError('DP_ERR_UPSTREAM_TIMEOUT', last.message, { cause: last });
-  return new DataPlaneError('DP_ERR_UPSTREAM_FAILED', `every Ready replica of ${serviceKey} failed: ${errorText(last)}`, { cause: last });
-}
-
-function errorText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
-
-/** One request through the choice: the exchange its caller holds, and the handler its replica's pool calls. */
-class Dispatch implements Http1Exchange, Http1Handler {
-  #replica: Replica | null = null;
-  #tried: Set<Replica> | Replica | null = null;
-  #inner: Http1Exchange | null = null;
-  #started = false;
-  #aborted: Error | null = null;
-  #resent = false;
-  #last: unknown = null;
-
-  constructor(
-    private readonly owner: Replicas,
-    private readonly serviceKey: string,
-    private readonly req: Http1Request,
-    private readonly handler: Http1Handler,
-  ) {}
-
-  /** `first`: called from dispatch(), whose caller does not hold the exchange yet. */
-  next(first = false): void {
-    const r = this.owner.pick(this.serviceKey, this.#tried);
-    if (r === null) {
-      const err = finalError(this.serviceKey, this.#last);
-      // A handler may use the exchange dispatch() returns: it hears of the failure after that
-      // return, as a pool's handler does (an abort meanwhile is what it hears).
-      if (first) process.nextTick(() => this.handler.onResponseError(this.#aborted ?? err));
-      else this.handler.onResponseError(err);
-      return;
-    }
-    if (this.#tried === null) this.#tried = r;
-    else if (this.#tried instanceof Set) this.#tried.add(r);
-    else this.#tried = new Set([this.#tried, r]);
-    this.#replica = r;
-    r.count();
-    this.#inner = r.pool.dispatch(this.req, this);
-  }
-
-  abort(reason?: Error): void {
-    if (this.#aborted !== null) return;
-    this.#aborted = reason ?? new DataPlaneError('DP_ERR_CLIENT_CLOSED');
-    this.#inner?.abort(this.#aborted);
-  }
-
-  resume(): void {
-    this.#inner?.resume();
-  }
-
-  onResponseStart(status: number, statusText: string, headers: string[], contentLength: number): void {
-    this.#started = true;
-    this.handler.onResponseStart(status, statusText, headers, contentLength);
-  }
-
-  onResponseData(chunk: Buffer, last: boolean): boolean {
-    return this.handler.onResponseData(chunk, last);
-  }
-
-  onResponseEnd(): void {
-    this.#release();
-    this.handler.onResponseEnd();
-  }
-
-  onResponseError(err: Error): void {
-    const r = this.#release();
-    if (this.#aborted === null && !this.#started && r !== null) {
-      if (err instanceof ConnectFailure) {
-        this.#last = err;
-        this.owner.logger?.warn(
-          { service: this.serviceKey, replica: r.id, err: err.message },
-          'opening an upstream failed; trying another replica',
-        );
-        return this.next();
-      }
-      if (!this.#resent && this.#resendable() && (err as { code?: string }).code === 'DP_HTTP1_CLOSED') {
-        this.#resent = true;
-        this.#last = err;
-        this.owner.logger?.warn(
-          { service: this.serviceKey, replica: r.id, err: err.message },
-          'the replica closed the connection before answering; sending the request to another replica',
-        );
-        return this.next();
-      }
-    }
-    this.handler.onResponseError(this.#aborted ?? err);
-  }
-
-  /** Idempotent, with a body that can be sent again. */
-  #resendable(): boolean {
-    const b: Readable | Buffer | string | null | undefined = this.req.body;
-    return IDEMPOTENT.has(this.req.method) && (b === null || b === undefined || typeof b === 'string' || Buffer.isBuffer(b));
-  }
-
-  #release(): Replica | null {
-    const r = this.#replica;
-    this.#replica = null;
-    this.#inner = null;
-    r?.done();
-    return r;
   }
 }

@@ -24,6 +24,12 @@ export interface ConnectionOwner {
 
 /** Methods a client may send again (RFC 9110 §9.2.2) after a connection died before answering. */
 const IDEMPOTENT = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
+
+/** The request may go out once more: idempotent, and its body (if any) can be sent again (not a stream). */
+export function canResend(req: Http1Request): boolean {
+  const b = req.body;
+  return IDEMPOTENT.has(req.method) && (b === null || b === undefined || typeof b === 'string' || Buffer.isBuffer(b));
+}
 const NEEDS_LENGTH = new Set(['POST', 'PUT', 'PATCH']);
 /** CR, LF and NUL would end a header line early (request smuggling); other CTLs are refused too. */
 const BAD_VALUE = /[^\t\x20-\x7e\x80-\xff]/;
@@ -44,10 +50,7 @@ export class Exchange implements Http1Exchange {
 
   /** May go out again on another connection: idempotent, and the body (if any) can be re-sent. */
   get replayable(): boolean {
-    const b = this.req.body;
-    return (
-      !this.retried && IDEMPOTENT.has(this.req.method) && (b === null || b === undefined || typeof b === 'string' || Buffer.isBuffer(b))
-    );
+    return !this.retried && canResend(this.req);
   }
 
   abort(reason: Error = new Http1Error('DP_HTTP1_ABORTED', 'the request was aborted')): void {

@@ -7,6 +7,7 @@ export {
   type Http1PoolOptions,
 } from './pool.js';
 export { ResponseParser, ResponseParseError, DEFAULT_MAX_HEADER_SIZE, type ResponseSink } from './parser.js';
+export { canResend } from './connection.js';
 export { Http1Error, type Http1ErrorCode, type Http1Exchange, type Http1Handler, type Http1Request } from './types.js';
 export { withErrorPath } from './streams.js';
 export { hasDuplicateHost, headerObject } from './field.js';

@@ -33,6 +33,7 @@ import {
 import { Balancer, Replicas, type ReplicasOptions, type Upstream } from '../../dataplane/index.js';
 import { HostKeyBook } from './host-keys.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
+import { replicaLoadStatus, sshMetricFamilies, type ReplicaLoadStatus } from './metrics.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
 
 export { replicaObjectKey, SSH_LOOP } from '../outputs.js';
@@ -111,29 +112,6 @@ export interface SshLoop extends Loop<SshDesired, ObservedSsh, SshPayload> {
   liveStatus(): Record<string, { load: ReplicaLoadStatus }>;
 }
 
-/** One replica id's requests, as /api/v1/status shows them. */
-export interface ReplicaLoadStatus {
-  /** In flight now, pinned streams (WebSockets) included; the one it replaced, draining, too. */
-  inFlight: number;
-  /** Sent to it so far: the replica_requests_total counter. */
-  requests: number;
-}
-
-/** replicas.loads() by service and replica id: a replaced replica draining adds to its id. */
-function loadsById(replicas: Replicas): Map<string, { service: string; replica: string; inFlight: number; total: number }> {
-  const out = new Map<string, { service: string; replica: string; inFlight: number; total: number }>();
-  for (const l of replicas.loads()) {
-    const key = replicaObjectKey(l.service, l.replica);
-    const e = out.get(key);
-    if (e === undefined) out.set(key, { service: l.service, replica: l.replica, inFlight: l.inFlight, total: l.total });
-    else {
-      e.inFlight += l.inFlight;
-      e.total = Math.max(e.total, l.total); // the same tally on every entry of an id
-    }
-  }
-  return out;
-}
-
 export function createSshLoop(o: SshLoopOptions): SshLoop {
   const clock = o.clock ?? systemClock;
   const random = o.random ?? Math.random;
@@ -143,8 +121,6 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     ...(o.connectTimeoutMs !== undefined ? { connectTimeoutMs: o.connectTimeoutMs } : {}),
     ...o.replicas,
   });
-  /** The load of every replica on the books, by replica id, read at each scrape or status request. */
-  const loadsNow = (): ReturnType<typeof loadsById> => loadsById(replicas);
   const balancer = new Balancer({
     socketDir: o.socketDir ?? join(o.stateDir, 'sockets'),
     replicas,
@@ -399,48 +375,11 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     },
 
     metrics(): readonly MetricFamily[] {
-      const replicas = (): [string, string, TunnelState][] => [...held].map(([id, h]) => [h.desired.serviceKey, id, h.state()]);
-      return [
-        {
-          name: 'tunnel_up',
-          help: 'Per replica tunnel: 1 when Ready.',
-          type: 'gauge',
-          labelNames: ['service', 'replica', 'state'],
-          read: () =>
-            replicas().map(([service, replica, s]) => [{ service, replica, state: s.ready ? 'Ready' : s.reason }, s.ready ? 1 : 0]),
-        },
-        {
-          name: 'tunnel_reconnects_total',
-          help: 'Per replica tunnel reconnects.',
-          type: 'counter',
-          labelNames: ['service', 'replica'],
-          read: () => replicas().map(([service, replica]) => [{ service, replica }, reconnects(replica)]),
-        },
-        {
-          name: 'replica_requests_in_flight',
-          help:
-            'Per replica: requests and pinned streams (WebSockets) in flight now. A replica removed or ' +
-            'replaced stays under its id while its last requests drain.',
-          type: 'gauge',
-          labelNames: ['service', 'replica'],
-          read: () => [...loadsNow().values()].map((l) => [{ service: l.service, replica: l.replica }, l.inFlight]),
-        },
-        {
-          name: 'replica_requests_total',
-          help:
-            'Per replica id: requests and pinned streams sent to it. A replacement of the id (a new ' +
-            'address) continues its count; it starts again from 0 only once the id has left and drained.',
-          type: 'counter',
-          labelNames: ['service', 'replica'],
-          read: () => [...loadsNow().values()].map((l) => [{ service: l.service, replica: l.replica }, l.total]),
-        },
-      ];
+      return sshMetricFamilies(() => [...held].map(([id, h]) => [h.desired.serviceKey, id, h.state()]), reconnects, replicas);
     },
 
     liveStatus(): Record<string, { load: ReplicaLoadStatus }> {
-      const out: Record<string, { load: ReplicaLoadStatus }> = {};
-      for (const [key, l] of loadsNow()) out[key] = { load: { inFlight: l.inFlight, requests: l.total } };
-      return out;
+      return replicaLoadStatus(replicas);
     },
   });
   return loop satisfies SshLoop;
