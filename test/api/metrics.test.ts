@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics, metricsRoutes, type Metrics } from '../../src/api/metrics.js';
 import { startGateway, type Gateway } from '../../src/daemon/gateway.js';
 import { resolveOptions } from '../../src/gateway/options.js';
-import { nginxMetricFamilies } from '../../src/reconcilers/nginx/loop.js';
+import { nginxMetricFamilies } from '../../src/reconcilers/nginx/metrics.js';
 import type { CertificateOutputs } from '../../src/reconcilers/outputs.js';
 import { StatusStore } from '../../src/reconcilers/status.js';
 import { createTlsLoop } from '../../src/reconcilers/tls/index.js';

@@ -19,6 +19,7 @@ import {
 } from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
 import type { NginxProcessInfo, ReloadHint, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
+import { nginxMetricFamilies } from './metrics.js';
 import { renderAll } from './render.js';
 import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
 
@@ -99,69 +100,6 @@ export function certFromTlsOutputs(domain: string, statuses: StatusSnapshot): Ce
   if (!out?.serial || !out.certPath || !out.keyPath) return null;
   const ready = statuses.loops[TLS_LOOP]?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
   return ready?.status === 'True' ? { certPath: out.certPath, keyPath: out.keyPath } : null;
-}
-
-/**
- * The Nginx metric families: the loop's reload figures and the applied config's hash, plus the
- * private master's restarts when there is one (`supervisor`).
- */
-export function nginxMetricFamilies(stats: () => NginxLoopStats, supervisor?: () => NginxProcessInfo): MetricFamily[] {
-  const one = (v: number | undefined) => (v === undefined ? [] : [[{}, v] as const]);
-  return [
-    { name: 'nginx_reloads_total', help: 'Successful Nginx reloads.', type: 'counter', labelNames: [], read: () => one(stats().reloads) },
-    {
-      name: 'nginx_reload_failures_total',
-      help: 'Nginx reloads that failed (the previous config kept serving).',
-      type: 'counter',
-      labelNames: [],
-      read: () => one(stats().reloadFailures),
-    },
-    {
-      name: 'nginx_last_reload_success_timestamp_seconds',
-      help: 'When Nginx last reloaded successfully (0: never).',
-      type: 'gauge',
-      labelNames: [],
-      read: () => one((stats().lastReloadAt ?? 0) / 1000),
-    },
-    {
-      name: 'nginx_files_written_total',
-      help: 'Nginx config files written.',
-      type: 'counter',
-      labelNames: [],
-      read: () => one(stats().filesWritten),
-    },
-    {
-      name: 'nginx_reloads_deferred_total',
-      help: 'Change batches that waited for the minimum interval between reloads, to go in with the changes made meanwhile.',
-      type: 'counter',
-      labelNames: [],
-      read: () => one(stats().reloadsDeferred),
-    },
-    {
-      name: 'nginx_restarts_total',
-      help: 'Restarts of the private Nginx master after it exited unexpectedly.',
-      type: 'counter',
-      labelNames: [],
-      read: () => one(supervisor?.().restarts),
-    },
-    {
-      name: 'nginx_stale_processes_stopped_total',
-      help: 'Leftover Nginx processes of the private prefix (of a killed gateway or master) stopped before a start.',
-      type: 'counter',
-      labelNames: [],
-      read: () => one(supervisor?.().staleStopped),
-    },
-    {
-      name: 'nginx_config_info',
-      help: 'The hash of the applied Nginx config (value always 1).',
-      type: 'gauge',
-      labelNames: ['hash'],
-      read: () => {
-        const hash = stats().configHash;
-        return hash ? [[{ hash }, 1] as const] : [];
-      },
-    },
-  ];
 }
 
 export function createNginxLoop(

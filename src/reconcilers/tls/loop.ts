@@ -18,13 +18,11 @@ import { chmod, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/prom
 import { join } from 'node:path';
 import type { ProxyState } from '../../spec/types.js';
 import type { Action, ApplyResult, Loop, LoopContext, LoopHandle, MetricFamily, StatusWriter } from '../types.js';
-import type { CertificateOutputs } from '../outputs.js';
 import {
   BackoffStore,
   DEFAULT_LIMITS,
   DOMAIN_WINDOW_MS,
   DNS_RETRY_MS,
-  attemptsInNextHour,
   nextAllowed,
   orderHold,
   recordDnsNotReady,
@@ -34,7 +32,8 @@ import {
 } from './backoff.js';
 import { CertbotRunner, secret, type AcmeSettings, type CertbotDirs } from './certbot.js';
 import { readCertificate, type CertCheck } from './certificate.js';
-import { decide, type DomainInput, type Trigger } from './policies.js';
+import { certificateMetricFamilies } from './metrics.js';
+import { actionFor, domainInput } from './plan.js';
 import { TLS_LOOP, certificateOutputsOf, domainConditions, domainInfo, publishedPaths, type DomainInfo } from './status.js';
 
 export interface TlsLoopOptions {
@@ -362,92 +361,6 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
   };
 
   return loop;
-}
-
-/** What the policies see of one domain, from the observed facts (pure). */
-function domainInput(domain: string, desired: TlsDesired, observed: TlsObserved, limits: Limits): DomainInput {
-  const lineage = observed.lineages.get(domain) ?? { ok: false as const, reason: 'Missing' as const, message: 'no certificate yet' };
-  return {
-    domain,
-    now: observed.now,
-    acmeKey: desired.acmeKey,
-    lineage,
-    published: lineage.ok && observed.published.get(domain)?.has(lineage.info.serial) === true,
-    backoff: observed.backoff.domains[domain],
-    orders: observed.backoff.orders,
-    limits,
-  };
-}
-
-/** The action for a domain's decision, or null when there is nothing to do (pure). */
-function actionFor(i: DomainInput, desired: TlsDesired, limits: Limits): Action<TlsPayload> | null {
-  const d = decide(i);
-  const { domain } = i;
-  switch (d.action) {
-    case 'none':
-      return null;
-    case 'publish':
-      return {
-        key: domain,
-        kind: 'publish',
-        summary: `serve the existing certificate for ${domain} (serial ${d.serial})`,
-        payload: { domain },
-      };
-    case 'wait':
-      return {
-        key: domain,
-        kind: 'wait',
-        summary: attemptSummary(i, desired, d.trigger, d.hold.until, limits),
-        payload: { domain, until: d.hold.until },
-      };
-    default:
-      return {
-        key: domain,
-        kind: d.action,
-        summary: attemptSummary(i, desired, d.trigger, null, limits),
-        payload: { domain, acme: desired.acme, acmeKey: desired.acmeKey },
-      };
-  }
-}
-
-/** `request a certificate for d from S (why); next attempt at T; backoff allows n attempt(s) in the next hour`. */
-function attemptSummary(i: DomainInput, desired: TlsDesired, t: Trigger, until: number | null, limits: Limits): string {
-  const what = t.renew ? 'renew the certificate' : 'request a certificate';
-  const when = until !== null ? `next attempt at ${new Date(until).toISOString()}` : 'now';
-  const allowed = attemptsInNextHour(i.backoff, i.acmeKey, i.now, limits);
-  return `${what} for ${i.domain} from ${desired.acme.server} (${t.message}); ${when}; backoff allows ${allowed} attempt(s) in the next hour`;
-}
-
-/**
- * The certificate metric families, over the loop's status outputs: an expiry per domain that
- * has a served certificate, failed attempts per domain the loop reports on.
- */
-function certificateMetricFamilies(status: () => StatusWriter | null): MetricFamily[] {
-  const rows = (): [string, CertificateOutputs][] => {
-    const s = status();
-    if (!s) return [];
-    return s.keys().flatMap((domain) => {
-      const out = s.outputs(domain) as CertificateOutputs | undefined;
-      return out ? [[domain, out] as [string, CertificateOutputs]] : [];
-    });
-  };
-  return [
-    {
-      name: 'certificate_expiry_timestamp_seconds',
-      help: 'Per domain certificate notAfter.',
-      type: 'gauge',
-      labelNames: ['domain'],
-      read: () =>
-        rows().flatMap(([domain, out]) => (out.notAfter === null ? [] : [[{ domain }, Date.parse(out.notAfter) / 1000] as const])),
-    },
-    {
-      name: 'certificate_failed_attempts_total',
-      help: 'Per domain failed certificate requests.',
-      type: 'counter',
-      labelNames: ['domain'],
-      read: () => rows().map(([domain, out]) => [{ domain }, out.failedAttempts] as const),
-    },
-  ];
 }
 
 function trackedDomains(published: Map<string, Set<string>>, data: BackoffFile): string[] {
