@@ -74,10 +74,6 @@ export class Replica {
     return (this.#pool ??= this.owner.newPool(this));
   }
 
-  get hasPool(): boolean {
-    return this.#pool !== null;
-  }
-
   done(): void {
     this.inFlight--;
     if (!this.removed || this.inFlight > 0) return;

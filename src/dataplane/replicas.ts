@@ -155,11 +155,6 @@ export class Replicas {
     }));
   }
 
-  /** Some replica of the service is Ready. */
-  hasReady(serviceKey: string): boolean {
-    return this.#services.get(serviceKey)?.some((r) => r.upstream.isReady()) ?? false;
-  }
-
   /**
    * Sends one request to the Ready replica with the fewest in flight. Never throws: every
    * failure reaches `handler.onResponseError` (a DataPlaneError for no replica, or the last
