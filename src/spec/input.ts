@@ -1,7 +1,7 @@
 // The document as a user may write it (schema-valid, defaults omitted). normalise() turns
 // it into a ProxyState.
 
-import type { Acme, DirectTarget, Model, Project, RateLimitKey, SshHop, SshProxyHop } from './types.js';
+import type { Acme, DirectTarget, HostKeyPolicy, Model, Project, RateLimitKey, SshHop, SshProxyHop } from './types.js';
 
 export interface RateLimitInput {
   prefix: string;
@@ -22,6 +22,7 @@ export interface ModelInput {
 export interface ReplicaInput {
   id: string;
   appPort: number;
+  hostKeyPolicy?: HostKeyPolicy;
   ssh?: Omit<SshHop, 'port'> & { port?: number };
   sshProxy?: Omit<SshProxyHop, 'port'> & { port?: number };
   sshHeadProxy?: Omit<SshProxyHop, 'port'> & { port?: number };
@@ -32,7 +33,10 @@ export interface ServiceInput {
   project: string;
   run: string;
   id?: string;
+  owner?: string;
   domain?: string;
+  routerAllowlist?: boolean;
+  readTimeout?: number;
   https?: boolean;
   auth?: boolean;
   clientMaxBodySize?: number;

@@ -64,7 +64,11 @@ function normaliseService(s: ServiceInput): Service {
     replicas: (s.replicas ?? []).map(normaliseReplica).sort(byKey((r) => r.id)),
   };
   if (s.id !== undefined) out.id = s.id.toLowerCase();
+  if (s.owner !== undefined) out.owner = s.owner;
   if (s.domain !== undefined) out.domain = s.domain.toLowerCase();
+  // Written only when on or set, so documents that never use them keep their hash.
+  if (s.routerAllowlist === true) out.routerAllowlist = true;
+  if (s.readTimeout !== undefined) out.readTimeout = s.readTimeout;
   if (s.model) out.model = normaliseModel(s.model);
   return reorder(out, SERVICE_KEYS);
 }
@@ -73,7 +77,10 @@ const SERVICE_KEYS = [
   'project',
   'run',
   'id',
+  'owner',
   'domain',
+  'routerAllowlist',
+  'readTimeout',
   'https',
   'auth',
   'clientMaxBodySize',
@@ -104,6 +111,7 @@ function normaliseModel(m: NonNullable<ServiceInput['model']>): Model {
 
 function normaliseReplica(r: ReplicaInput): Replica {
   const out: Replica = { id: r.id, appPort: r.appPort };
+  if (r.hostKeyPolicy !== undefined && r.hostKeyPolicy !== 'tofu') out.hostKeyPolicy = r.hostKeyPolicy;
   if (r.ssh) out.ssh = normaliseHop(r.ssh);
   if (r.sshProxy) out.sshProxy = normaliseProxyHop(r.sshProxy);
   if (r.sshHeadProxy) out.sshHeadProxy = normaliseProxyHop(r.sshHeadProxy);

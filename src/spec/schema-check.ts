@@ -1,7 +1,15 @@
 // The JSON Schema check: compiled once, every error reported, each as a sentence.
 
 import { Ajv, type ErrorObject } from 'ajv';
-import { FINGERPRINT_PATTERN, HOST_PATTERN, NAME_PATTERN, USER_PATTERN, proxyStateSchema } from './schema.js';
+import {
+  FINGERPRINT_PATTERN,
+  HOST_PATTERN,
+  NAME_PATTERN,
+  OWNER_PATTERN,
+  PROJECT_PATTERN,
+  USER_PATTERN,
+  proxyStateSchema,
+} from './schema.js';
 import type { SpecIssue } from './issues.js';
 import { pointerSegment } from './issues.js';
 import { SECRET_FIELDS } from './redact.js';
@@ -16,6 +24,8 @@ export const MAX_REPORTED_ISSUES = 200;
 
 const PATTERN_SENTENCES: Record<string, string> = {
   [NAME_PATTERN]: "must be 1-64 letters, digits, '-' or '_', starting with a letter or digit",
+  [PROJECT_PATTERN]: "must be 1-64 letters, digits, '-' or '_'",
+  [OWNER_PATTERN]: "must be 1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
   [HOST_PATTERN]: 'must be a host name or an IP address',
   [USER_PATTERN]: "must be a user name (letters, digits, '_', '.', '-')",
   [FINGERPRINT_PATTERN]: "must be a SHA256 fingerprint as ssh-keygen -l prints it ('SHA256:' + 43 base64 characters)",

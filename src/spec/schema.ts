@@ -4,6 +4,13 @@
 
 /** Names of projects, runs, replica and service ids: they reach URLs and Nginx files. */
 export const NAME_PATTERN = '^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$';
+/**
+ * Project names as dstack allows them (a leading '-' or '_' included). They reach URLs, Nginx
+ * zone and file names, never argv or a shell.
+ */
+export const PROJECT_PATTERN = '^[A-Za-z0-9_-]{1,64}$';
+/** Who manages a service (`dstack-server` for the compatibility routes). */
+export const OWNER_PATTERN = '^[a-z0-9][a-z0-9._-]{0,63}$';
 /** Host names and IP addresses of SSH hops and direct replicas. */
 export const HOST_PATTERN = '^[A-Za-z0-9._:\\[\\]-]{1,253}$';
 export const USER_PATTERN = '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$';
@@ -75,7 +82,7 @@ export const proxyStateSchema = {
             additionalProperties: false,
             required: ['name'],
             properties: {
-              name: { type: 'string', pattern: NAME_PATTERN },
+              name: { type: 'string', pattern: PROJECT_PATTERN },
               sshPrivateKey: privateKey,
             },
           },
@@ -87,10 +94,13 @@ export const proxyStateSchema = {
             additionalProperties: false,
             required: ['project', 'run'],
             properties: {
-              project: { type: 'string', pattern: NAME_PATTERN },
+              project: { type: 'string', pattern: PROJECT_PATTERN },
               run: { type: 'string', pattern: NAME_PATTERN },
               id: { type: 'string', pattern: NAME_PATTERN },
+              owner: { type: 'string', pattern: OWNER_PATTERN },
               domain: { type: 'string' },
+              routerAllowlist: { type: 'boolean' },
+              readTimeout: { type: 'integer', minimum: 1, maximum: 86400 },
               https: { type: 'boolean' },
               auth: { type: 'boolean' },
               clientMaxBodySize: { type: 'integer', minimum: 0, maximum: 1099511627776 },
@@ -140,6 +150,7 @@ export const proxyStateSchema = {
                   properties: {
                     id: { type: 'string', pattern: NAME_PATTERN },
                     appPort: port,
+                    hostKeyPolicy: { enum: ['tofu', 'tofu-per-replica'] },
                     ssh: sshHop,
                     sshProxy: sshProxyHop,
                     sshHeadProxy: sshProxyHop,
@@ -162,7 +173,7 @@ export const proxyStateSchema = {
             additionalProperties: false,
             required: ['project', 'domain'],
             properties: {
-              project: { type: 'string', pattern: NAME_PATTERN },
+              project: { type: 'string', pattern: PROJECT_PATTERN },
               domain: { type: 'string' },
               https: { type: 'boolean' },
             },

@@ -45,9 +45,21 @@ export interface DirectTarget {
   port: number;
 }
 
+/**
+ * How a replica's SSH host keys are trusted when the document pins no fingerprint.
+ * `tofu`: the first key a hop (named by the path that reaches it) presents is trusted for the
+ * life of the process. `tofu-per-replica`: the same, but scoped to this replica id, so a new
+ * replica behind a reused host and port may present a new key (dstack's runner generates fresh
+ * host keys for every job container) while a key that changes under a running replica is
+ * still refused.
+ */
+export type HostKeyPolicy = 'tofu' | 'tofu-per-replica';
+
 export interface Replica {
   id: string;
   appPort: number;
+  /** Absent: `tofu`. */
+  hostKeyPolicy?: HostKeyPolicy;
   ssh?: SshHop;
   sshProxy?: SshProxyHop;
   sshHeadProxy?: SshProxyHop;
@@ -79,11 +91,27 @@ export interface TGIModel {
 
 export type Model = OpenAIModel | TGIModel;
 
+/** The paths a service with a router replica serves; every other path gets 403. */
+export const ROUTER_ALLOWED_PATHS: readonly { exact?: string; prefix?: string }[] = [
+  { exact: '/generate' },
+  { prefix: '/v1/' },
+  { exact: '/chat/completions' },
+];
+
 export interface Service {
   project: string;
   run: string;
   id?: string;
+  /**
+   * Who manages the service: a writer that owns a slice of the document (the dstack
+   * compatibility routes write `dstack-server`) lists and removes only its own services.
+   */
+  owner?: string;
   domain?: string;
+  /** Only ROUTER_ALLOWED_PATHS pass; absent means every path. */
+  routerAllowlist?: boolean;
+  /** Seconds to wait between two reads from a replica; absent: the daemon's default. */
+  readTimeout?: number;
   https: boolean;
   auth: boolean;
   clientMaxBodySize: number;

@@ -40,7 +40,14 @@ const headHop: Required<SshProxyHop> = {
   privateKey: TEST_KEY_D,
 };
 const direct: Required<DirectTarget> = { host: '10.0.0.5', port: 8000 };
-const sshReplica: Required<Omit<Replica, 'direct'>> = { id: 'r1', appPort: 8000, ssh: hop, sshProxy: proxyHop, sshHeadProxy: headHop };
+const sshReplica: Required<Omit<Replica, 'direct'>> = {
+  id: 'r1',
+  appPort: 8000,
+  hostKeyPolicy: 'tofu-per-replica',
+  ssh: hop,
+  sshProxy: proxyHop,
+  sshHeadProxy: headHop,
+};
 const directReplica: Required<Pick<Replica, 'id' | 'appPort' | 'direct'>> = { id: 'r2', appPort: 8000, direct };
 const ipLimit: Required<RateLimit> = { prefix: '/', key: { type: 'ipAddress' }, rps: 10, burst: 20 };
 const headerLimit: Required<RateLimit> = { prefix: '/v1', key: { type: 'header', header: 'x-api-key' }, rps: 2.5, burst: 0 };
@@ -56,7 +63,10 @@ const service = (run: string, model: NonNullable<Service['model']>, replicas: Re
   project: 'main',
   run,
   id: `${run}-id`,
+  owner: 'dstack-server',
   domain: `${run}.gw.example.com`,
+  routerAllowlist: true,
+  readTimeout: 900,
   https: true,
   auth: true,
   clientMaxBodySize: 1024,
