@@ -109,7 +109,7 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
   serverUrl: {
     kind: 'string',
     default: undefined,
-    help: 'the control server that answers token checks (`http://host:port` or `unix:/path.sock`); without it every auth: true request is refused',
+    help: 'the control server that answers token checks (`http://host:port`, `unix:/path.sock`, or `unix-dir:/dir`: any live `*.sock` in it, one per server process as dstack forwards them; stale ones are unlinked); without it every auth: true request is refused',
   },
   authCacheTtl: {
     kind: 'seconds',
