@@ -33,7 +33,7 @@ export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpe
   serverUrl: {
     kind: 'string',
     default: undefined,
-    help: 'control server for auth: true services, `http(s)://…` or `unix:/path` (POST /api/projects/<p>/get, answers cached 60 s, fail closed); without it they are refused',
+    help: 'control server for auth: true services, `http(s)://…`, `unix:/path` or `unix-dir:/dir` (any live `*.sock` in it) (POST /api/projects/<p>/get, answers cached 60 s, fail closed); without it they are refused',
   },
   stateDir: {
     kind: 'string',
