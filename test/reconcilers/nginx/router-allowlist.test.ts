@@ -38,7 +38,14 @@ function locations(text: string): Map<string, string[]> {
   const out = new Map<string, string[]>();
   const re = /^ {4}location (.+) \{\n((?: {8}.*\n|\n)*?) {4}\}$/gm;
   for (const m of text.matchAll(re)) {
-    if (!out.has(m[1]!)) out.set(m[1]!, m[2]!.split('\n').map((l) => l.trim()).filter((l) => l !== ''));
+    if (!out.has(m[1]!))
+      out.set(
+        m[1]!,
+        m[2]!
+          .split('\n')
+          .map((l) => l.trim())
+          .filter((l) => l !== ''),
+      );
   }
   return out;
 }
@@ -187,7 +194,12 @@ describe('on a real Nginx', () => {
         replicas: [{ id: 'r1', appPort: 8000, direct: { host: '127.0.0.1', port } }],
       }),
     ];
-    const views = buildViews(state, { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath });
+    const views = buildViews(state, {
+      httpPort: ng.httpPort,
+      httpsPort: ng.httpsPort,
+      acmeWebroot: ng.acmeWebroot,
+      accessLogPath: ng.accessLogPath,
+    });
     const changes = diffFiles(renderAll(views), await readOwned(ng.paths.confDir));
     const r = await applyFiles({ changes, sitesDir: ng.paths.confDir, mainConfPath: ng.paths.confPath, test: ng.test, reload: ng.reload });
     expect(r.heldBack).toEqual([]);
@@ -203,11 +215,14 @@ describe('on a real Nginx', () => {
     expect(await ng.test(ng.paths.confPath)).toEqual({ ok: true });
   });
 
-  it.each(['/generate', '/generate?stream=1', '/v1/', '/v1/models', '/v1/chat/completions', '/chat/completions'])('lets %s through', async (path) => {
-    const r = await request({ port: ng.httpPort, host: 'router.gw.test', path });
-    expect(r.status).toBe(200);
-    expect(JSON.parse(r.body)).toMatchObject({ name: 'replica', url: path });
-  });
+  it.each(['/generate', '/generate?stream=1', '/v1/', '/v1/models', '/v1/chat/completions', '/chat/completions'])(
+    'lets %s through',
+    async (path) => {
+      const r = await request({ port: ng.httpPort, host: 'router.gw.test', path });
+      expect(r.status).toBe(200);
+      expect(JSON.parse(r.body)).toMatchObject({ name: 'replica', url: path });
+    },
+  );
 
   it.each(['/', '/health', '/v1', '/generate/x', '/generatex', '/chat/completions/', '/v2/models', '/v1/../admin', '//admin'])(
     'refuses %s with 403 and a JSON detail',

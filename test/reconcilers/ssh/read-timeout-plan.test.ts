@@ -27,7 +27,12 @@ describe('read timeouts in the SSH plan', () => {
     expect(d.readTimeouts).toEqual(new Map([['main/app', 1_800_000]]));
     const actions = loop.plan(d, held(d));
     expect(actions.map((a) => [a.kind, a.key, a.summary, a.payload])).toEqual([
-      ['create', 'options:main/app', 'read timeout of main/app: 1800 s', { what: 'options', serviceKey: 'main/app', readTimeoutMs: 1_800_000 }],
+      [
+        'create',
+        'options:main/app',
+        'read timeout of main/app: 1800 s',
+        { what: 'options', serviceKey: 'main/app', readTimeoutMs: 1_800_000 },
+      ],
     ]);
     expect(loop.plan(d, { ...held(d), readTimeouts: new Map([['main/app', 1_800_000]]) })).toEqual([]);
   });
