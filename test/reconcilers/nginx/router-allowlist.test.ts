@@ -224,7 +224,7 @@ describe('on a real Nginx', () => {
     },
   );
 
-  it.each(['/', '/health', '/v1', '/generate/x', '/generatex', '/chat/completions/', '/v2/models', '/v1/../admin', '//admin'])(
+  it.each(['/', '/health', '/v1', '/generate/x', '/generatex', '/chat/completions/', '/v2/models', '/v1/../admin', '/v1/%2e%2e/admin', '//admin'])(
     'refuses %s with 403 and a JSON detail',
     async (path) => {
       const r = await request({ port: ng.httpPort, host: 'router.gw.test', path });
