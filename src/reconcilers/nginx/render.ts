@@ -2,6 +2,7 @@
 //
 // How a request flows through a service site (and what $dstack_replica_hit logs):
 //   server level (rewrite phase): HTTP → HTTPS redirect, CORS preflight 204      → hit 0
+//   location / of a router service (rewrite phase): a path outside the allowlist 403 → hit 0
 //   location <prefix>: access phase (auth_request) → 401/403                      → hit 0
 //                      preaccess phase (limit_req) → 429                          → hit 0
 //                      try_files /nonexistent @dstack_replica (after both checks)
