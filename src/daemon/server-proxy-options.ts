@@ -60,7 +60,7 @@ export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpe
   readTimeout: {
     kind: 'seconds',
     default: 300,
-    help: "seconds to wait for the replica's headers / between body chunks, then 504; a WebSocket with no traffic either way for this long is closed",
+    help: "seconds to wait for the replica's headers / between body chunks, then 504; a WebSocket with no traffic either way for this long is closed; a service's readTimeout overrides it",
   },
   resyncInterval: { kind: 'seconds', default: 60, help: 'seconds between periodic passes that repair drift (tunnels)' },
   logLevel: {

@@ -8,6 +8,7 @@ export {
   DEFAULT_READ_TIMEOUT_MS,
   type ReplicaLoad,
   type ReplicasOptions,
+  type ServiceOptions,
   type Upstream,
 } from './replicas.js';
 export type { ReplicaRouter } from './router.js';

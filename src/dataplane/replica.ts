@@ -47,6 +47,8 @@ export class Replica {
   /** Cut (drain period over, or close()): a stream opened to it now is closed at once. */
   destroyed = false;
   #pool: Http1Pool | null = null;
+  /** Pools replaced by renewPool() still finishing answers: cut with the replica. */
+  #oldPools: Set<Http1Pool> | null = null;
   readonly pinned = new Set<Duplex>();
   onIdle: (() => void) | null = null;
   /** What drain() returns while one runs: a second call waits for the same end. */
@@ -74,6 +76,19 @@ export class Replica {
     return (this.#pool ??= this.owner.newPool(this));
   }
 
+  /** The next request gets a new pool (new timeouts); the old one closes once its answers ended. */
+  renewPool(): void {
+    const old = this.#pool;
+    if (old === null) return;
+    this.#pool = null;
+    const olds = (this.#oldPools ??= new Set());
+    olds.add(old);
+    void old
+      .close()
+      .catch(() => undefined)
+      .finally(() => olds.delete(old));
+  }
+
   done(): void {
     this.inFlight--;
     if (!this.removed || this.inFlight > 0) return;
@@ -91,6 +106,7 @@ export class Replica {
     this.removed = true;
     this.destroyed = true;
     void this.#pool?.destroy().catch(() => undefined);
+    for (const p of this.#oldPools ?? []) void p.destroy().catch(() => undefined);
     for (const s of this.pinned) s.destroy();
   }
 }

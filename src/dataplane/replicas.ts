@@ -35,7 +35,7 @@ export type { Upstream } from './replica.js';
 export interface ReplicasOptions {
   /** Opening a connection to a replica; past it that replica counts as failed. Default 10 s. */
   connectTimeoutMs?: number;
-  /** Waiting for response headers, and silence inside a response body. Default 300 s. */
+  /** Waiting for response headers, and silence inside a response body. Default 300 s; per service: setServiceOptions. */
   readTimeoutMs?: number;
   /** Idle keep-alive connections to a replica close after this. Default 4 s. */
   keepAliveTimeoutMs?: number;
@@ -43,6 +43,11 @@ export interface ReplicasOptions {
   connectionsPerReplica?: number;
   clock?: Clock;
   logger?: Logger;
+}
+
+/** What a service may set for itself, over the defaults of ReplicasOptions. */
+export interface ServiceOptions {
+  readTimeoutMs?: number;
 }
 
 export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000; // 10 s
@@ -80,6 +85,8 @@ export class Replicas {
   readonly #readMs: number;
   readonly #keepAliveMs: number;
   readonly #perReplica: number;
+  /** Read timeouts of the services that set their own. */
+  readonly #serviceReadMs = new Map<string, number>();
   readonly logger: Logger | undefined;
 
   constructor(o: ReplicasOptions = {}) {
@@ -110,6 +117,26 @@ export class Replicas {
       list[i] = r;
     }
     this.#byUpstream.set(upstream, r);
+  }
+
+  /**
+   * A service's own options; absent fields take the defaults. A changed read timeout applies to
+   * its next requests: each replica gets a new pool, the old one closes after its answers.
+   */
+  setServiceOptions(serviceKey: string, o: ServiceOptions): void {
+    const ms = o.readTimeoutMs;
+    if (ms !== undefined && !(Number.isFinite(ms) && ms > 0)) throw new RangeError(`readTimeoutMs must be > 0, got ${ms}`);
+    if (ms === this.#serviceReadMs.get(serviceKey)) return;
+    if (ms === undefined) this.#serviceReadMs.delete(serviceKey);
+    else this.#serviceReadMs.set(serviceKey, ms);
+    for (const r of this.#services.get(serviceKey) ?? []) r.renewPool();
+  }
+
+  /** The services with options of their own, and those options. */
+  serviceOptions(): ReadonlyMap<string, Readonly<ServiceOptions>> {
+    const out = new Map<string, ServiceOptions>();
+    for (const [k, readTimeoutMs] of this.#serviceReadMs) out.set(k, { readTimeoutMs });
+    return out;
   }
 
   /** Out of rotation at once; its requests in flight are left to drain(). */
@@ -266,12 +293,13 @@ export class Replicas {
   }
 
   newPool(r: Replica): Http1Pool {
+    const readMs = this.#serviceReadMs.get(r.serviceKey) ?? this.#readMs;
     return new Http1Pool({
       connect: () => this.openStream(r),
       maxConnections: this.#perReplica,
       keepAliveTimeoutMs: this.#keepAliveMs,
-      headersTimeoutMs: this.#readMs,
-      bodyTimeoutMs: this.#readMs,
+      headersTimeoutMs: readMs,
+      bodyTimeoutMs: readMs,
       clock: this.#clock,
     });
   }

@@ -94,7 +94,7 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
     help: "the dir of what Nginx's workers open by path (balancer sockets, ACME webroot, temp files), owned by --nginx-user's group, mode 0710; its parents must let that user in; default <state-dir>-nginx (the state dir stays 0700)",
   },
   resyncInterval: { kind: 'seconds', default: 60, help: 'seconds between periodic passes that repair drift' },
-  proxyReadTimeout: { kind: 'seconds', default: 300, help: 'seconds Nginx waits between two reads from a replica' },
+  proxyReadTimeout: { kind: 'seconds', default: 300, help: "seconds Nginx waits between two reads from a replica; a service's readTimeout overrides it" },
   apiTokenFile: {
     kind: 'string',
     default: undefined,

@@ -1,12 +1,12 @@
 // The checks every proxied request passes before a replica is asked, in dstack's order:
-// service lookup (404 before auth, as dstack) → proxy auth (403) → rate limits (429) → body size
-// (413). Shared by HTTP requests and WebSocket upgrades.
+// service lookup (404 before auth, as dstack) → proxy auth (403) → the router allowlist (403) →
+// rate limits (429) → body size (413). Shared by HTTP requests and WebSocket upgrades.
 
 import type { IncomingHttpHeaders } from 'node:http';
 import { bearerToken, type AuthDecision } from '../auth/index.js';
 import type { ProxyState, Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
-import type { ProxyTarget } from './paths.js';
+import { ROUTER_PATH_REFUSED, routerPathAllowed, type ProxyTarget } from './paths.js';
 import type { RateLimiter } from './rate-limit.js';
 
 export type Authorize = (project: string, token: string) => Promise<AuthDecision>;
@@ -72,8 +72,12 @@ function forbidden(service: Service): Admission {
   return { ok: false, status: 403, detail: `Unauthenticated or unauthorized to access project ${service.project}` };
 }
 
-/** Rate limits (429), then the declared body size (413). */
+/** The router allowlist (403), rate limits (429), then the declared body size (413). */
 function limits(ctx: AdmitContext, t: ProxyTarget, req: AdmitRequest, clientIp: string, service: Service, key: string): Admission {
+  // A refused path takes no rate-limit token: it never reaches a replica.
+  if (service.routerAllowlist === true && !routerPathAllowed(t.match || '/')) {
+    return { ok: false, status: 403, detail: ROUTER_PATH_REFUSED };
+  }
   if (service.rateLimits.length > 0) {
     const headers = req.headers;
     const allowed = ctx.limiter.allow(key, service.rateLimits, {

@@ -5,6 +5,8 @@
 // spelling resolves to the same path; only a target whose dot segments climb out of where we
 // matched it is sent normalised (else the replica could resolve it to a path the limits did not see).
 
+import { ROUTER_ALLOWED_PATHS } from '../spec/types.js';
+
 export const SERVICES_PREFIX = '/proxy/services';
 /** What every proxied path starts with: a cheap first test before parseProxyTarget. */
 export const SERVICES_PATH = `${SERVICES_PREFIX}/`;
@@ -125,3 +127,18 @@ function decodeAll(path: string): string {
 export function upstreamTarget(t: ProxyTarget, stripPrefix: boolean): string {
   return (stripPrefix ? t.rest || '/' : t.path) + t.query;
 }
+
+/**
+ * Whether a service with the router allowlist serves `match` (ProxyTarget.match, the normalised
+ * path after the run; '' is the run itself, '/'). Nginx's locations read the same normalised
+ * path, so `/v1/../admin` is `/admin` to both.
+ */
+export function routerPathAllowed(match: string): boolean {
+  for (const a of ROUTER_ALLOWED_PATHS) {
+    if (a.exact !== undefined ? match === a.exact : match.startsWith(a.prefix!)) return true;
+  }
+  return false;
+}
+
+/** What a path outside the allowlist gets (403), in dstack's in-server proxy's words. */
+export const ROUTER_PATH_REFUSED = 'Path is not allowed for this service';

@@ -62,11 +62,13 @@ export function handleUpgrade(
     if (socket instanceof Socket) socket.setNoDelay(true);
     up.on('error', () => up.destroy());
     // One timer for both directions, pushed back by every chunk: cheaper than a timer per socket.
+    // The service's own read timeout, as Nginx's proxy_read_timeout of its site.
+    const idleMs = a.service.readTimeout !== undefined ? a.service.readTimeout * 1000 : ctx.readTimeoutMs;
     const idle = setTimeout(() => {
-      ctx.logger?.debug({ service: a.key, idleMs: ctx.readTimeoutMs }, 'WebSocket idle past the read timeout, closed');
+      ctx.logger?.debug({ service: a.key, idleMs }, 'WebSocket idle past the read timeout, closed');
       socket.destroy();
       up.destroy();
-    }, ctx.readTimeoutMs);
+    }, idleMs);
     idle.unref();
     up.once('close', () => {
       clearTimeout(idle);

@@ -2,6 +2,7 @@
 //
 // How a request flows through a service site (and what $dstack_replica_hit logs):
 //   server level (rewrite phase): HTTP → HTTPS redirect, CORS preflight 204      → hit 0
+//   location / of a router service (rewrite phase): a path outside the allowlist 403 → hit 0
 //   location <prefix>: access phase (auth_request) → 401/403                      → hit 0
 //                      preaccess phase (limit_req) → 429                          → hit 0
 //                      try_files /nonexistent @dstack_replica (after both checks)
@@ -212,10 +213,22 @@ function locations(v: ServiceSiteView, o: { auth: boolean }): Lines {
       lb.push(lim.burst > 0 ? `limit_req zone=${lim.zone} burst=${lim.burst} nodelay;` : `limit_req zone=${lim.zone};`);
     }
     lb.push(`try_files /nonexistent ${REPLICA_LOCATION};`);
-    out.push('', ...block(`location ${quote(loc.prefix)}`, lb));
+    out.push('', ...block(`location ${loc.exact ? '= ' : ''}${quote(loc.prefix)}`, lb));
+  }
+  if (v.refuseOtherPaths) {
+    // `return` runs in the rewrite phase: a refused path is answered before auth and limits,
+    // and never counts as a replica hit.
+    out.push(
+      '',
+      '# router allowlist: every other path is refused',
+      ...block('location /', ['default_type application/json;', `return 403 ${quote(ROUTER_REFUSED_BODY)};`]),
+    );
   }
   return out;
 }
+
+/** What a path outside the router allowlist gets: dstack's in-server proxy's words. */
+const ROUTER_REFUSED_BODY = JSON.stringify({ detail: 'Path is not allowed for this service' });
 
 function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
   const rb: Lines = ['set $dstack_replica_hit 1;'];
@@ -239,7 +252,7 @@ function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
   rb.push('proxy_set_header Upgrade $http_upgrade;', 'proxy_set_header Connection $dstack_connection_upgrade;');
   // The gateway's token is not the replica's business; the model API never passes one on.
   if (v.authUrl || o.internal) rb.push('proxy_set_header Authorization "";');
-  rb.push(`proxy_read_timeout ${v.proxyReadTimeoutSec}s;`, `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`, 'proxy_buffering off;');
+  rb.push(`proxy_read_timeout ${v.readTimeoutSec}s;`, `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`, 'proxy_buffering off;');
   if (!o.internal) rb.push(...hideUpstreamCors(v));
   return rb;
 }

@@ -4,7 +4,7 @@
 
 import { ProxyError } from '../../errors.js';
 import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
-import { serviceKey } from '../../spec/types.js';
+import { ROUTER_ALLOWED_PATHS, serviceKey } from '../../spec/types.js';
 import { fileNameFor, limitKeyVariable, listenAddress, rateFor, serverAddress, upstreamName, zoneName } from './names.js';
 
 export interface CertPaths {
@@ -82,6 +82,8 @@ export interface ZoneView {
 
 export interface LocationView {
   prefix: string;
+  /** `location = <prefix>`: that path only. */
+  exact?: boolean;
   limits: { zone: string; burst: number }[];
 }
 
@@ -91,8 +93,12 @@ export interface ServiceSiteView extends SiteCommon {
   /** null: no replica to send to, the site answers 503. */
   upstream: { name: string; servers: string[] } | null;
   zones: ZoneView[];
-  /** Sorted by prefix; always contains "/". */
+  /** Sorted by prefix; contains "/" unless `refuseOtherPaths`. */
   locations: LocationView[];
+  /** Only `locations` reach the replica; `location /` answers 403 (the router allowlist). */
+  refuseOtherPaths: boolean;
+  /** proxy_read_timeout of this service: its own readTimeout, else the daemon's. */
+  readTimeoutSec: number;
   /** auth_request target, or null when the service is public. */
   authUrl: string | null;
 }
@@ -228,7 +234,8 @@ function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, api
   const key = serviceKey(s);
   const servers = target.kind === 'socket' ? [`unix:${target.path}`] : target.servers;
   const zones: ZoneView[] = [];
-  const byPrefix = new Map<string, LocationView>([['/', { prefix: '/', limits: [] }]]);
+  const allowlist = s.routerAllowlist === true;
+  const byPrefix = new Map<string, LocationView>(allowlist ? [] : [['/', { prefix: '/', limits: [] }]]);
   s.rateLimits.forEach((rl: RateLimit, i: number) => {
     const keyVar = limitKeyVariable(rl.key);
     const name = zoneName(key, i, keyVar);
@@ -240,7 +247,9 @@ function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, api
     }
     loc.limits.push({ zone: name, burst: rl.burst });
   });
-  const locations = [...byPrefix.values()].sort((a, b) => (a.prefix < b.prefix ? -1 : a.prefix > b.prefix ? 1 : 0));
+  const locations = (allowlist ? allowedLocations(byPrefix) : [...byPrefix.values()]).sort((a, b) =>
+    a.prefix < b.prefix ? -1 : a.prefix > b.prefix ? 1 : 0,
+  );
   return {
     ...common,
     kind: 'service',
@@ -250,8 +259,31 @@ function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, api
     upstream: servers.length > 0 ? { name: upstreamName(key), servers } : null,
     zones,
     locations,
+    refuseOtherPaths: allowlist,
+    readTimeoutSec: s.readTimeout ?? common.proxyReadTimeoutSec,
     authUrl: s.auth ? `${apiUrl}/api/auth/${s.project}` : null,
   };
+}
+
+/**
+ * The locations of a router service: one per allowed path, each with the limits of the longest
+ * rate-limit prefix it starts with (a limit on `/` or `/v1` covers `/v1/`), as dstack folds them.
+ * A limit deeper inside an allowed prefix (`/v1/chat/`) keeps a location of its own, as it would
+ * without the allowlist; a limit on a refused path has nothing to limit.
+ */
+function allowedLocations(limitsByPrefix: ReadonlyMap<string, LocationView>): LocationView[] {
+  const out: LocationView[] = [];
+  for (const a of ROUTER_ALLOWED_PATHS) {
+    const path = a.exact ?? a.prefix!;
+    let best: LocationView | undefined;
+    for (const loc of limitsByPrefix.values()) {
+      if (path.startsWith(loc.prefix) && (best === undefined || loc.prefix.length > best.prefix.length)) best = loc;
+      else if (a.prefix !== undefined && loc.prefix.length > path.length && loc.prefix.startsWith(path)) out.push(loc);
+    }
+    const limits = best?.limits ?? [];
+    out.push(a.exact !== undefined ? { prefix: path, exact: true, limits } : { prefix: path, limits });
+  }
+  return out;
 }
 
 function entrypointSite(e: Entrypoint, common: SiteCommon, apiUrl: string, keyInclude: string | null): EntrypointSiteView {

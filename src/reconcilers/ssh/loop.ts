@@ -16,7 +16,7 @@ import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import type { Algorithms } from 'ssh2';
-import type { ProxyState } from '../../spec/types.js';
+import { serviceKey, type ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../../clock.js';
 import {
@@ -248,7 +248,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         const ready = statuses.loops[o.routedBy]?.conditions.find((c) => c.type === 'Ready');
         routedUpTo = ready?.status === 'True' ? (ready.observedGeneration ?? -1) : -1;
       }
-      return { ...desiredFromSpec(spec, o.appHost), generation: statuses.generation, routedUpTo };
+      return { ...desiredFromSpec(spec, o.appHost), generation: statuses.generation, routedUpTo, readTimeouts: readTimeoutsOf(spec) };
     },
 
     async observe(ctx: LoopContext): Promise<ObservedSsh> {
@@ -273,6 +273,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         replicas,
         retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])),
         now: ctx.clock.now(),
+        readTimeouts: new Map([...loop.replicas.serviceOptions()].flatMap(([k, v]) => (v.readTimeoutMs ? [[k, v.readTimeoutMs]] : []))),
       };
     },
 
@@ -309,6 +310,11 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       //    replicas in rotation; those of a retiring service stay until it closes.
       for (const action of actions) {
         const p = action.payload;
+        if (p.what === 'options') {
+          replicas.setServiceOptions(p.serviceKey, p.readTimeoutMs === null ? {} : { readTimeoutMs: p.readTimeoutMs });
+          outcomes.set(action.key, 'done');
+          continue;
+        }
         if (p.what === 'service') {
           if (action.kind !== 'delete') listen.push(p.serviceKey);
           else if (!o.routedBy) unlisten.push(p.serviceKey);
@@ -395,4 +401,11 @@ function openTcp(host: string, port: number, timeoutMs: number): Promise<Duplex>
     });
     sock.once('error', reject);
   });
+}
+
+/** The read timeouts (ms) the document sets per service; the others keep the data plane's default. */
+function readTimeoutsOf(spec: ProxyState): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const s of spec.spec.services) if (s.readTimeout !== undefined) out.set(serviceKey(s), s.readTimeout * 1000);
+  return out;
 }

@@ -13,6 +13,8 @@ export interface ObservedSsh {
   /** Services removed from the spec whose socket still serves until nothing routes to it. */
   retiring?: ReadonlyMap<string, Retiring>;
   now?: number;
+  /** Read timeouts (ms) of the services that have their own, as the data plane has them. */
+  readTimeouts?: ReadonlyMap<string, number>;
 }
 
 export interface Retiring {
@@ -30,12 +32,16 @@ export interface SshDesired extends DesiredSsh {
   generation: number;
   /** The newest generation the router has served in full (Ready); Infinity without a router. */
   routedUpTo: number;
+  /** Read timeouts (ms) of the services that set one (`readTimeout`). */
+  readTimeouts?: ReadonlyMap<string, number>;
 }
 
 export type SshPayload =
   | { what: 'service'; serviceKey: string }
   | { what: 'close' | 'restore'; serviceKey: string }
-  | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null };
+  | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null }
+  /** A service's own read timeout in the data plane; null: back to the default. */
+  | { what: 'options'; serviceKey: string; readTimeoutMs: number | null };
 
 /**
  * The actions that close the gap: per service socket create/restore/delete/close, per
@@ -99,5 +105,36 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
       payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } },
     });
   }
+  planReadTimeouts(desired, observed, actions);
   return actions;
+}
+
+const NONE: ReadonlyMap<string, number> = new Map();
+
+/**
+ * Per-service read timeouts: set where the document's differ from the data plane's; back to the
+ * default where the document has none, once the service is not even retiring (its requests
+ * still finishing keep theirs).
+ */
+function planReadTimeouts(desired: SshDesired, observed: ObservedSsh, actions: Action<SshPayload>[]): void {
+  const want = desired.readTimeouts ?? NONE;
+  const have = observed.readTimeouts ?? NONE;
+  for (const [sk, ms] of want) {
+    if (have.get(sk) === ms) continue;
+    actions.push({
+      key: `options:${sk}`,
+      kind: have.has(sk) ? 'update' : 'create',
+      summary: `read timeout of ${sk}: ${ms / 1000} s`,
+      payload: { what: 'options', serviceKey: sk, readTimeoutMs: ms },
+    });
+  }
+  for (const sk of have.keys()) {
+    if (want.has(sk) || (!desired.services.has(sk) && observed.services.has(sk))) continue;
+    actions.push({
+      key: `options:${sk}`,
+      kind: 'delete',
+      summary: `read timeout of ${sk}: the default`,
+      payload: { what: 'options', serviceKey: sk, readTimeoutMs: null },
+    });
+  }
 }
