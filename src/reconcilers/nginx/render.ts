@@ -90,9 +90,9 @@ export const FORWARDED_PROTO_VARIABLE = '$dstack_forwarded_proto';
  * variable's name): the client's address is the last one in X-Forwarded-For that is not a trusted
  * proxy's, for $remote_addr, $binary_remote_addr (rate limits), the logs and X-Real-IP; the
  * X-Forwarded-Proto of a trusted peer is kept when it is http or https (Nginx's map ignores case;
- * the value passed on is lower case). Trust is decided on the
- * connection's own peer ($realip_remote_addr): what anyone else sends is replaced. A service's
- * internal-listener server sets its own real_ip directives, which replace these there.
+ * the value passed on is lower case). Trust is decided on the connection's own peer
+ * ($realip_remote_addr): what anyone else sends is replaced. A service's internal-listener
+ * server sets its own real_ip directives, which replace these there.
  */
 function trustedProxies(v: GlobalView): Lines {
   if (v.trustedProxies.length === 0) return [];
