@@ -83,7 +83,12 @@ beforeAll(async () => {
   echo = await startEcho('replica', { port: 0 });
   echoPort = (echo.address() as AddressInfo).port;
   modelReplica = await startOpenAIReplica();
-  behind = await startGatewayWith({ serverUrl: server.url, trustedProxies: LB, healthCheckOk: 'true' });
+  // Networks and IPv6 beside the one address in use: the real Nginx has to accept every form.
+  behind = await startGatewayWith({
+    serverUrl: server.url,
+    trustedProxies: `10.0.0.0/16, ${LB}, 2001:db8::/32, ::ffff:192.0.2.0/120`,
+    healthCheckOk: 'true',
+  });
   plain = await startGatewayWith({ serverUrl: server.url });
   for (const t of [behind, plain]) {
     expect((await putState(t, doc())).status).toBe(200);
