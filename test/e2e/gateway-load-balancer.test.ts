@@ -65,7 +65,7 @@ const chatBody = (): string => JSON.stringify({ model: MODEL, messages: [{ role:
 async function ready(t: TestGateway): Promise<void> {
   const answers = async (o: Parameters<typeof call>[0]) => ((await call(o)).status === 200 ? true : undefined);
   for (const host of [ECHO, LIMITED, PRIVATE]) {
-    const headers = host === PRIVATE ? { authorization: `Bearer ${TOKEN}` } : {};
+    const headers: Record<string, string> = host === PRIVATE ? { authorization: `Bearer ${TOKEN}` } : {};
     await eventually(() => answers({ port: t.httpPort, host, path: '/ready', headers }), 30_000);
   }
   const chat = {
