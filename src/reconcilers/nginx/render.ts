@@ -11,11 +11,14 @@
 // `set` runs in the rewrite phase, before access and limit_req; putting it in the named
 // location that try_files enters after both is what keeps 401/429 out of the hit count.
 //
-// No address is trusted unless the operator names load balancers (GlobalView.trustedProxies): a
-// TLS terminator or an SSH forward on the gateway host makes every outside client 127.0.0.1.
-// The gateway's own model API reaches a service through a second server on the internal listener (a Unix socket in a directory only the gateway can enter):
+// No address is trusted: a TLS terminator or an SSH forward on the gateway host makes every
+// outside client 127.0.0.1. The gateway's own model API reaches a service through a second
+// server on the internal listener (a Unix socket in a directory only the gateway can enter):
 // that server has no auth_request (the model API checked the token) and no redirect, and takes
 // the client's address from X-Real-IP, which only the gateway can send there.
+//
+// Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
+// X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
