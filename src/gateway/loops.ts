@@ -3,6 +3,7 @@
 
 import { resolve } from 'node:path';
 import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type NginxLoopOptions } from '../reconcilers/nginx/loop.js';
+import { parseTrustedProxies } from '../reconcilers/nginx/trusted-proxies.js';
 import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import { createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
 import { serviceKey } from '../spec/index.js';
@@ -45,6 +46,8 @@ export function gatewayLoops(
     accessLogPath: host.accessLog,
     internalSocket: host.internal.socketPath,
     entrypointKeyInclude: host.internal.keyInclude,
+    trustedProxies: parseTrustedProxies(options.trustedProxies),
+    healthCheck: options.healthCheckOk === 'true',
   };
   const ssh = createSshLoop({
     stateDir,

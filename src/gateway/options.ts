@@ -4,6 +4,7 @@
 // docs/configuration.md documents each with its default (test/gateway/options.test.ts checks).
 
 import { ProxyError } from '../errors.js';
+import { parseTrustedProxies } from '../reconcilers/nginx/trusted-proxies.js';
 import { resolveTable, type OptionSources, type OptionSpec } from '../option-table.js';
 
 export { envName, kebab } from '../option-table.js';
@@ -25,6 +26,8 @@ export interface GatewayOptions {
   nginxWorkerDir: string | undefined;
   resyncInterval: number;
   proxyReadTimeout: number;
+  trustedProxies: string;
+  healthCheckOk: 'true' | 'false';
   apiTokenFile: string | undefined;
   insecureOpenApi: 'true' | 'false';
   sshKeepaliveInterval: number;
@@ -94,7 +97,22 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
     help: "the dir of what Nginx's workers open by path (balancer sockets, ACME webroot, temp files), owned by --nginx-user's group, mode 0710; its parents must let that user in; default <state-dir>-nginx (the state dir stays 0700)",
   },
   resyncInterval: { kind: 'seconds', default: 60, help: 'seconds between periodic passes that repair drift' },
-  proxyReadTimeout: { kind: 'seconds', default: 300, help: "seconds Nginx waits between two reads from a replica; a service's readTimeout overrides it" },
+  proxyReadTimeout: {
+    kind: 'seconds',
+    default: 300,
+    help: "seconds Nginx waits between two reads from a replica; a service's readTimeout overrides it",
+  },
+  trustedProxies: {
+    kind: 'string',
+    default: '',
+    help: "comma-separated addresses or networks (`10.0.0.0/16,2001:db8::/32`) of load balancers in front of the gateway: the client's address (rate limits, logs, X-Real-IP and X-Forwarded-For to replicas) is taken from their X-Forwarded-For, and their X-Forwarded-Proto (http or https) is passed on; from anyone else both are replaced. Empty = trust nobody",
+  },
+  healthCheckOk: {
+    kind: 'enum',
+    values: ['true', 'false'],
+    default: 'false',
+    help: '`true`: the default server (unknown hosts, e.g. a load balancer\'s health check with the instance address as Host) answers `GET /` with 200 `{"status":"ok"}`; other paths stay 404',
+  },
   apiTokenFile: {
     kind: 'string',
     default: undefined,
@@ -158,5 +176,6 @@ export function resolveOptions(sources: OptionSources): GatewayOptions {
   if (options.nginx === 'system' && !options.sitesDir) {
     throw new ProxyError('DP_ERR_BAD_OPTION', '--sites-dir is required with --nginx system');
   }
+  parseTrustedProxies(options.trustedProxies);
   return options;
 }

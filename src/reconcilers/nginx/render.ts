@@ -17,6 +17,9 @@
 // server on the internal listener (a Unix socket in a directory only the gateway can enter):
 // that server has no auth_request (the model API checked the token) and no redirect, and takes
 // the client's address from X-Real-IP, which only the gateway can send there.
+//
+// Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
+// X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
@@ -52,6 +55,7 @@ export function renderGlobal(v: GlobalView): string {
   l.push(...block('map $host $dstack_replica_hit', ['default 0;']), '');
   l.push('# Upstream keepalive needs Connection "" on plain requests; WebSocket upgrades pass "upgrade".');
   l.push(...block('map $http_upgrade $dstack_connection_upgrade', ['default upgrade;', "'' '';"]), '');
+  l.push(...trustedProxies(v));
   if (v.serverNamesHash) {
     l.push('server_names_hash_bucket_size 128;', 'server_names_hash_max_size 65536;', '');
   }
@@ -64,6 +68,7 @@ export function renderGlobal(v: GlobalView): string {
         'server_name _;',
         'access_log off;',
         ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`]),
+        ...healthLocation(v),
         ...block('location /', ['return 404;']),
       ]),
       '',
@@ -79,6 +84,44 @@ export function renderGlobal(v: GlobalView): string {
     );
   }
   return text(l);
+}
+
+/** The `$dstack_forwarded_proto` X-Forwarded-Proto a site passes on (its redirect reads it too). */
+export const FORWARDED_PROTO_VARIABLE = '$dstack_forwarded_proto';
+
+/**
+ * Behind load balancers (http level, so every site gets it and a site file gets nothing but the
+ * variable's name): the client's address is the last one in X-Forwarded-For that is not a trusted
+ * proxy's, for $remote_addr, $binary_remote_addr (rate limits), the logs and X-Real-IP; the
+ * X-Forwarded-Proto of a trusted peer is kept when it is http or https (Nginx's map ignores case;
+ * the value passed on is lower case). Trust is decided on the connection's own peer
+ * ($realip_remote_addr): what anyone else sends is replaced. A service's internal-listener
+ * server sets its own real_ip directives, which replace these there.
+ */
+function trustedProxies(v: GlobalView): Lines {
+  if (v.trustedProxies.length === 0) return [];
+  const l: Lines = ["# Load balancers in front: their X-Forwarded-For and X-Forwarded-Proto are believed, nobody else's."];
+  l.push(...v.trustedProxies.map((p) => `set_real_ip_from ${p};`), 'real_ip_header X-Forwarded-For;', 'real_ip_recursive on;', '');
+  l.push(...block('geo $realip_remote_addr $dstack_trusted_peer', ['default 0;', ...v.trustedProxies.map((p) => `${p} 1;`)]), '');
+  l.push(
+    ...block(`map "$dstack_trusted_peer:$http_x_forwarded_proto" ${FORWARDED_PROTO_VARIABLE}`, [
+      'default $scheme;',
+      '"1:http" http;',
+      '"1:https" https;',
+    ]),
+    '',
+  );
+  return l;
+}
+
+/** `GET /` → 200 on the default server, for a load balancer's health check (Host: an address). */
+function healthLocation(v: GlobalView): Lines {
+  if (!v.healthCheck) return [];
+  return block('location = /', [
+    ...block('if ($request_method !~ ^(GET|HEAD)$)', ['return 404;']),
+    'default_type application/json;',
+    `return 200 ${quote('{"status":"ok"}')};`,
+  ]);
 }
 
 /** A site file: a service's or an entrypoint's server block with what it needs at http level. */
@@ -108,7 +151,7 @@ function redirectAndCors(v: SiteCommon): Lines {
     l.push(
       '',
       '# HTTPS only, except ACME challenges.',
-      'set $dstack_redirect $scheme;',
+      `set $dstack_redirect ${v.behindProxies ? FORWARDED_PROTO_VARIABLE : '$scheme'};`,
       ...block('if ($uri ~ "^/\\.well-known/acme-challenge/")', ['set $dstack_redirect acme;']),
       ...block('if ($dstack_redirect = http)', [`return 301 https://$host${v.tls.redirectPort}$request_uri;`]),
     );
@@ -129,7 +172,20 @@ function acmeLocation(v: SiteCommon): Lines {
   return ['', ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`])];
 }
 
-function forwardedHeaders(): Lines {
+/**
+ * Behind trusted proxies X-Forwarded-For is the client alone, as real_ip found it: the entries
+ * before it are the client's own say, and a replica reading either end of the list gets the
+ * client (appending would put the balancer's address last, where most frameworks look).
+ */
+function forwardedHeaders(v: SiteCommon): Lines {
+  if (v.behindProxies) {
+    return [
+      'proxy_set_header Host $host;',
+      'proxy_set_header X-Real-IP $remote_addr;',
+      'proxy_set_header X-Forwarded-For $remote_addr;',
+      `proxy_set_header X-Forwarded-Proto ${FORWARDED_PROTO_VARIABLE};`,
+    ];
+  }
   return [
     'proxy_set_header Host $host;',
     'proxy_set_header X-Real-IP $remote_addr;',
@@ -247,7 +303,7 @@ function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
       'proxy_set_header X-Forwarded-Proto $http_x_forwarded_proto;',
     );
   } else {
-    rb.push(...forwardedHeaders());
+    rb.push(...forwardedHeaders(v));
   }
   rb.push('proxy_set_header Upgrade $http_upgrade;', 'proxy_set_header Connection $dstack_connection_upgrade;');
   // The gateway's token is not the replica's business; the model API never passes one on.
@@ -290,7 +346,7 @@ function renderEntrypointSite(v: EntrypointSiteView): string {
     ...block('location /', [
       `proxy_pass ${v.target};`,
       'proxy_http_version 1.1;',
-      ...forwardedHeaders(),
+      ...forwardedHeaders(v),
       // The key that tells the model API this request came through its own Nginx, which set X-Real-IP.
       ...(v.keyInclude ? [`include ${quote(v.keyInclude)};`] : []),
       'proxy_set_header Connection "";',

@@ -5,6 +5,7 @@
 import { ProxyError } from '../../errors.js';
 import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
 import { ROUTER_ALLOWED_PATHS, serviceKey } from '../../spec/types.js';
+import { checkTrustedProxy } from './trusted-proxies.js';
 import { fileNameFor, limitKeyVariable, listenAddress, rateFor, serverAddress, upstreamName, zoneName } from './names.js';
 
 export interface CertPaths {
@@ -48,6 +49,14 @@ export interface ViewOptions {
    * Kept out of the site files so that plans and diffs never show it. Default none.
    */
   entrypointKeyInclude?: string | null;
+  /**
+   * Load balancers in front of the gateway (addresses or networks, checked by
+   * parseTrustedProxies): the client's address and X-Forwarded-Proto are taken from their
+   * X-Forwarded-* headers, nobody else's. Default none.
+   */
+  trustedProxies?: readonly string[];
+  /** The default server answers 200 on `GET /` (load-balancer health checks). Default false. */
+  healthCheck?: boolean;
 }
 
 export interface TlsView {
@@ -72,6 +81,8 @@ export interface SiteCommon {
   proxyReadTimeoutSec: number;
   /** CORS headers and OPTIONS → 204 (OpenAI-compatible APIs called from browsers). */
   cors: boolean;
+  /** Trusted proxies are configured: forwarded headers use the global file's variables. */
+  behindProxies: boolean;
 }
 
 export interface ZoneView {
@@ -122,6 +133,9 @@ export interface GlobalView {
   acmeWebroot: string;
   defaultServer: boolean;
   serverNamesHash: boolean;
+  /** ViewOptions.trustedProxies, checked; empty = off. */
+  trustedProxies: string[];
+  healthCheck: boolean;
 }
 
 export interface Views {
@@ -169,6 +183,8 @@ function checkOptions(opts: ViewOptions): void {
   if (!Number.isInteger(t) || t < 1) {
     throw new ProxyError('DP_ERR_BAD_OPTION', `proxyReadTimeoutSec must be a positive integer, got ${t}`);
   }
+  // Checked again here (the option was at start) because these go into the config verbatim.
+  for (const p of opts.trustedProxies ?? []) checkTrustedProxy(p, 'trustedProxies');
 }
 
 /** Build the global view and one site view per service domain and per entrypoint. */
@@ -182,6 +198,8 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
   const listenHttps = listenAddress(listenHost, opts.httpsPort);
   const listenInternal = opts.internalSocket ? internalListen(opts.internalSocket) : null;
   const redirectPort = opts.httpsPort === 443 ? '' : `:${opts.httpsPort}`;
+  const trustedProxies = [...new Set(opts.trustedProxies ?? [])];
+  const behindProxies = trustedProxies.length > 0;
 
   const common = (domain: string, project: string, https: boolean): SiteCommon => {
     const cert = https ? certFor(domain) : null;
@@ -197,6 +215,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       clientMaxBodySize: 0,
       proxyReadTimeoutSec: opts.proxyReadTimeoutSec ?? DEFAULT_PROXY_READ_TIMEOUT_SEC,
       cors: false,
+      behindProxies,
     };
   };
 
@@ -225,6 +244,8 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       acmeWebroot: opts.acmeWebroot,
       defaultServer: opts.defaultServer ?? true,
       serverNamesHash: opts.serverNamesHash ?? false,
+      trustedProxies,
+      healthCheck: opts.healthCheck ?? false,
     },
     sites,
   };
