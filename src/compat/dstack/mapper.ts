@@ -241,8 +241,7 @@ function registerReplica(current: ProxyState, project: string, run: string, body
   }
   // Replica ids are unique across the document (they key the SSH loop's tunnels).
   for (const s of services) {
-    if (s === old) continue;
-    if (findReplica(s.replicas, id).found) {
+    if (s !== old && hasReplica(s.replicas, id)) {
       return refused(texts.cannotRegisterReplica(id, project, run, `replica id ${id} is already used by service ${s.project}/${s.run}`));
     }
   }
@@ -374,6 +373,20 @@ function findService(services: readonly Service[], project: string, run: string)
 
 function findReplica(replicas: readonly Replica[], id: string): Position {
   return search(replicas, (r) => (r.id < id ? -1 : r.id > id ? 1 : 0));
+}
+
+/** findReplica's answer without its allocation: this runs once per service of the document. */
+function hasReplica(replicas: readonly Replica[], id: string): boolean {
+  let lo = 0;
+  let hi = replicas.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    const rid = (replicas[mid] as Replica).id;
+    if (rid === id) return true;
+    if (rid < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return false;
 }
 
 function findProject(projects: readonly Project[], name: string): Position {
