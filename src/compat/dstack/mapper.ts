@@ -87,7 +87,7 @@ export function listServices(state: ProxyState): ListServicesResponse {
 export function describeCall(call: Call): string {
   switch (call.kind) {
     case 'config':
-      return `config acme_server=${call.body.acme_server ?? 'default'} eab=${call.body.acme_eab_kid === null ? 'no' : 'yes'}`;
+      return `config acme_server=${withoutUserinfo(call.body.acme_server) ?? 'default'} eab=${call.body.acme_eab_kid === null ? 'no' : 'yes'}`;
     case 'registerService': {
       const b = call.body;
       const model = b.options.openai ? ` model=${b.options.openai.model.name} (${b.options.openai.model.format})` : '';
@@ -109,6 +109,19 @@ export function describeCall(call: Call): string {
       return `unregister replica ${call.jobId} of ${call.project}/${call.run}`;
     case 'registerEntrypoint':
       return `register entrypoint ${call.body.domain} of project ${call.project} https=${call.body.https}`;
+  }
+}
+
+/** An ACME URL for a log line: credentials written into it (`https://user:pass@host`) are dropped. */
+function withoutUserinfo(url: string | null): string | null {
+  if (url === null || !url.includes('@')) return url;
+  try {
+    const u = new URL(url);
+    u.username = '';
+    u.password = '';
+    return u.toString();
+  } catch {
+    return '(unparsable URL)';
   }
 }
 

@@ -438,11 +438,16 @@ describe('texts and logs', () => {
       regService('main', { runName: 'llama' }),
       call('registerReplica', { project: 'main', run: 'llama' }, dockerReplicaPayload({ vmKey: otherKey.privateKey, jobId: 'j1' })),
       call('registerReplica', { project: 'main', run: 'llama' }, headProxyReplicaPayload({ headKey: otherKey.privateKey })),
-      call('config', {}, pebbleConfigPayload(undefined, { kid: 'k', hmacKey: 'c2VjcmV0LWhtYWMta2V5' })),
+      call(
+        'config',
+        {},
+        pebbleConfigPayload('https://acme:c2VjcmV0LWhtYWMta2V5@127.0.0.1:14000/dir', { kid: 'k', hmacKey: 'c2VjcmV0LWhtYWMta2V5' }),
+      ),
     ];
     const lines = calls.map(describeCall);
     expect(lines[0]).toMatch(/^register service main\/llama id=[0-9a-f]{32} domain=llama\.main\.example\.test/);
     expect(lines[1]).toBe('register replica j1 of main/llama at root@localhost:10022 via ubuntu@127.0.0.1:22 port 8000');
+    expect(lines[3]).toBe('config acme_server=https://127.0.0.1:14000/dir eab=yes');
     for (const line of lines) {
       expect(line).not.toContain('PRIVATE KEY');
       expect(line).not.toContain('c2VjcmV0LWhtYWMta2V5');
