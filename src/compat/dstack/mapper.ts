@@ -46,8 +46,9 @@ export type Outcome =
    * rules that span the document (one service per name, one owner per domain, replica ids
    * unique, every named project present, the service limit). Validating the probe costs a
    * fraction of a millisecond where the whole candidate costs hundreds on 10,000 services.
+   * applyCall always sets it; it is optional so outcomes written by hand (tests) stay valid.
    */
-  | { kind: 'changed'; state: ProxyState; probe: ProxyState }
+  | { kind: 'changed'; state: ProxyState; probe?: ProxyState }
   /** The document already says what the call asks for: answer 200 and write nothing. */
   | { kind: 'same' }
   /** An expected refusal: 400 with dstack's text. */
