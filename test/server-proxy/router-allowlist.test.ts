@@ -14,7 +14,18 @@ import { replicasOf } from '../helpers/replicas.js';
 import { directService, doc, send, startHarness, untilStatus, type Harness } from './harness.js';
 
 const ALLOWED = ['/generate', '/generate?stream=true', '/v1/', '/v1/models', '/v1/chat/completions', '/chat/completions', '/v1/%63hat'];
-const REFUSED = ['/', '/health', '/v1', '/generate/x', '/generatex', '/chat/completions/', '/v2/models', '/v1/../admin', '/v1/%2e%2e/admin', '/%76%31'];
+const REFUSED = [
+  '/',
+  '/health',
+  '/v1',
+  '/generate/x',
+  '/generatex',
+  '/chat/completions/',
+  '/v2/models',
+  '/v1/../admin',
+  '/v1/%2e%2e/admin',
+  '/%76%31',
+];
 const REFUSED_BODY = { detail: 'Path is not allowed for this service' };
 
 /** Every request it sees, by target; `/slow` answers after 3 s. */

@@ -224,16 +224,24 @@ describe('on a real Nginx', () => {
     },
   );
 
-  it.each(['/', '/health', '/v1', '/generate/x', '/generatex', '/chat/completions/', '/v2/models', '/v1/../admin', '/v1/%2e%2e/admin', '//admin'])(
-    'refuses %s with 403 and a JSON detail',
-    async (path) => {
-      const r = await request({ port: ng.httpPort, host: 'router.gw.test', path });
-      expect(r.status).toBe(403);
-      expect(r.headers['content-type']).toBe('application/json');
-      expect(JSON.parse(r.body)).toEqual({ detail: 'Path is not allowed for this service' });
-      expect(r.headers['access-control-allow-origin']).toBe('*');
-    },
-  );
+  it.each([
+    '/',
+    '/health',
+    '/v1',
+    '/generate/x',
+    '/generatex',
+    '/chat/completions/',
+    '/v2/models',
+    '/v1/../admin',
+    '/v1/%2e%2e/admin',
+    '//admin',
+  ])('refuses %s with 403 and a JSON detail', async (path) => {
+    const r = await request({ port: ng.httpPort, host: 'router.gw.test', path });
+    expect(r.status).toBe(403);
+    expect(r.headers['content-type']).toBe('application/json');
+    expect(JSON.parse(r.body)).toEqual({ detail: 'Path is not allowed for this service' });
+    expect(r.headers['access-control-allow-origin']).toBe('*');
+  });
 
   it('passes WebSocket upgrades on an allowed path', async () => {
     const upgraded = await new Promise<string | undefined>((resolve, reject) => {
