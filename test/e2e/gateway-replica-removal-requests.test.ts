@@ -4,72 +4,12 @@
 // queued on the removed replica's pool (its one connection busy), which go to the replica left;
 // a request in flight on it at removal completes there.
 
-import { createServer, request as httpRequest, type Server, type ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { answersFrom, KeepAliveClient, type KeptReply } from '../helpers/balancing.js';
 import { putState, type TestGateway } from '../helpers/gateway.js';
+import { holdingReplica, sendAlone, type HoldingReplica } from '../helpers/holding-replica.js';
 import { eventually } from '../helpers/nginx.js';
 import { directReplica, integrationDoc, startGatewayWith, type ReplicaDoc, type ServiceDoc } from './integration-harness.js';
-
-/** A replica answering its name (x-replica too); `/hold…` waits for release() when it holds. */
-interface HoldingReplica {
-  name: string;
-  port: number;
-  /** Paths it got, in order. */
-  got: string[];
-  held: ServerResponse[];
-  release(): void;
-  close(): Promise<void>;
-}
-
-async function startHoldingReplica(name: string, holds: boolean): Promise<HoldingReplica> {
-  const sockets = new Set<Socket>();
-  const r: HoldingReplica = {
-    name,
-    port: 0,
-    got: [],
-    held: [],
-    release: () => {
-      for (const res of r.held.splice(0)) res.end(`${name}:held`);
-    },
-    close: async () => {
-      for (const s of sockets) s.destroy();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    },
-  };
-  const server: Server = createServer((req, res) => {
-    r.got.push(req.url ?? '');
-    req.resume();
-    res.setHeader('x-replica', name);
-    res.setHeader('content-type', 'text/plain');
-    if (holds && req.url?.startsWith('/hold')) r.held.push(res);
-    else res.end(name);
-  });
-  server.keepAliveTimeout = 60_000;
-  server.on('connection', (s: Socket) => {
-    sockets.add(s);
-    s.once('close', () => sockets.delete(s));
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  r.port = (server.address() as { port: number }).port;
-  return r;
-}
-
-/** One request on its own connection to Nginx (so that it never waits behind another). */
-function sendAlone(port: number, host: string, path: string): Promise<KeptReply> {
-  return new Promise((resolve, reject) => {
-    const req = httpRequest({ host: '127.0.0.1', port, path, agent: false, headers: { host } }, (res) => {
-      let body = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (body += c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, replica: String(res.headers['x-replica'] ?? ''), body }));
-      res.on('error', reject);
-    });
-    req.on('error', reject);
-    req.end();
-  });
-}
 
 let t: TestGateway;
 const r: Record<string, HoldingReplica> = {};
@@ -86,10 +26,10 @@ const inFlight = (run: string, id: string): number | undefined =>
   t.gw.ssh.replicas.loads().find((l) => l.service === `main/${run}` && l.replica === id && !l.draining)?.inFlight;
 
 beforeAll(async () => {
-  r['a'] = await startHoldingReplica('a', true);
-  r['b'] = await startHoldingReplica('b', false);
-  r['qa'] = await startHoldingReplica('qa', true);
-  r['qb'] = await startHoldingReplica('qb', true);
+  r['a'] = await holdingReplica('a', true);
+  r['b'] = await holdingReplica('b', false);
+  r['qa'] = await holdingReplica('qa', true);
+  r['qb'] = await holdingReplica('qb', true);
   // One connection per replica, so that requests queue on a replica whose connection is busy.
   t = await startGatewayWith({}, { ssh: { replicas: { connectionsPerReplica: 1 } } });
   services.set('live', [directReplica('a', r['a']!.port), directReplica('b', r['b']!.port)]);
