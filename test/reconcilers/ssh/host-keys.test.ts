@@ -1,9 +1,11 @@
 // The host-key book: `tofu` per path for the process's lifetime; `tofu-per-replica` per replica
 // id at the destination, shared by the replicas reaching a jump host; pins win; retain() forgets
-// the replicas that left.
+// the replicas that left. And the policy as the SSH targets carry it.
 
 import { describe, expect, it } from 'vitest';
 import { HostKeyBook, sha256Fingerprint, type HostKeyScope } from '../../../src/reconcilers/ssh/host-keys.js';
+import { desiredFromSpec, type DesiredReplica } from '../../../src/reconcilers/ssh/targets.js';
+import { emptyState, type HostKeyPolicy, type ProxyState } from '../../../src/spec/types.js';
 
 const k1 = Buffer.from('key-one');
 const k2 = Buffer.from('key-two');
@@ -97,5 +99,33 @@ describe('host-key book, tofu-per-replica', () => {
     const v = book.check(dest('a:22'), k3, fp1, per('r9'));
     expect(!v.ok && v.message).toBe(`host key of a:22 is ${sha256Fingerprint(k3)}, the document pins ${fp1}`);
     expect(book.check(jump('j:22'), k3, fp1, per('r9')).ok).toBe(false);
+  });
+});
+
+describe('the policy in the SSH targets', () => {
+  const stateWith = (policy: HostKeyPolicy | undefined): ProxyState => {
+    const state = emptyState();
+    state.spec.projects = [{ name: 'main', sshPrivateKey: 'not-a-key' }];
+    state.spec.services = [
+      {
+        project: 'main',
+        run: 'app',
+        https: false,
+        auth: false,
+        clientMaxBodySize: 1024,
+        stripPrefix: true,
+        rateLimits: [],
+        replicas: [{ id: 'r1', appPort: 80, ...(policy ? { hostKeyPolicy: policy } : {}), ssh: { host: 'h', port: 22, user: 'u' } }],
+      },
+    ];
+    return state;
+  };
+  const target = (policy: HostKeyPolicy | undefined): DesiredReplica => desiredFromSpec(stateWith(policy)).replicas.get('r1')!;
+
+  it('carries tofu-per-replica, leaves tofu out (as absent), and a changed policy changes the fingerprint', () => {
+    expect(target('tofu-per-replica').target).toMatchObject({ kind: 'ssh', hostKeyPolicy: 'tofu-per-replica' });
+    expect(target('tofu').target).not.toHaveProperty('hostKeyPolicy');
+    expect(target('tofu').fingerprint).toBe(target(undefined).fingerprint);
+    expect(target('tofu-per-replica').fingerprint).not.toBe(target(undefined).fingerprint);
   });
 });
