@@ -14,6 +14,7 @@ export class Dispatch implements Http1Exchange, Http1Handler {
   #started = false;
   #aborted: Error | null = null;
   #resent = false;
+  #moving = false;
   #last: unknown = null;
 
   constructor(
@@ -39,7 +40,15 @@ export class Dispatch implements Http1Exchange, Http1Handler {
     else this.#tried = new Set([this.#tried, r]);
     this.#replica = r;
     r.count();
+    r.dispatched.add(this);
     this.#inner = r.pool.dispatch(this.req, this);
+  }
+
+  /** `r` left the rotation: if this request still waits in its pool, unsent, it is chosen for again. */
+  moveOff(r: Replica): void {
+    if (this.#replica !== r || this.#aborted !== null || this.#inner?.unsent !== true) return;
+    this.#moving = true;
+    this.#inner.abort(new Error('the replica left the rotation before the request was sent')); // → onResponseError
   }
 
   abort(reason?: Error): void {
@@ -68,6 +77,10 @@ export class Dispatch implements Http1Exchange, Http1Handler {
 
   onResponseError(err: Error): void {
     const r = this.#release();
+    if (this.#moving) {
+      this.#moving = false;
+      if (this.#aborted === null) return this.next();
+    }
     if (this.#aborted === null && !this.#started && r !== null) {
       if (err instanceof ConnectFailure) {
         this.#last = err;
@@ -94,6 +107,7 @@ export class Dispatch implements Http1Exchange, Http1Handler {
     const r = this.#replica;
     this.#replica = null;
     this.#inner = null;
+    r?.dispatched.delete(this);
     r?.done();
     return r;
   }

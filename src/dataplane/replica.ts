@@ -50,6 +50,8 @@ export class Replica {
   /** Pools replaced by renewPool() still finishing answers: cut with the replica. */
   #oldPools: Set<Http1Pool> | null = null;
   readonly pinned = new Set<Duplex>();
+  /** Requests sent to it through the choice, until they end (see moveUnsent()). */
+  readonly dispatched = new Set<{ moveOff(r: Replica): void }>();
   onIdle: (() => void) | null = null;
   /** What drain() returns while one runs: a second call waits for the same end. */
   drained: Promise<void> | null = null;
@@ -100,6 +102,14 @@ export class Replica {
   retire(): void {
     this.removed = true;
     void this.#pool?.close().catch(() => undefined);
+  }
+
+  /**
+   * Out of rotation (the list no longer has it): requests still queued in its pool, not a byte of
+   * them written, go through the choice again instead of waiting for this replica.
+   */
+  moveUnsent(): void {
+    for (const d of [...this.dispatched]) d.moveOff(this);
   }
 
   destroy(): void {

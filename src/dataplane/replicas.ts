@@ -19,8 +19,9 @@
 //   else fails (a POST may have been acted on; a streamed body is gone);
 // - everything later (a head that breaks framing, a body cut short, a timeout) fails as it is.
 //
-// A removed replica gets no new request at once; its requests in flight finish, for at most the
-// drain period (drain()), then its connections close.
+// A removed replica gets no new request at once: those still queued in its pool (nothing of them
+// written) are chosen for again among the others (503 when none is left); its requests in flight
+// finish, for at most the drain period (drain()), then its connections close.
 
 import { Socket as NetSocket } from 'node:net';
 import type { Duplex } from 'node:stream';
@@ -111,12 +112,11 @@ export class Replicas {
     let tally = this.#tallies.get(key);
     if (tally === undefined) this.#tallies.set(key, (tally = { total: 0, refs: 0 }));
     const r = new Replica(serviceKey, id, upstream, this, tally);
+    const old = i === -1 ? undefined : list[i]!;
     if (i === -1) list.push(r);
-    else {
-      this.#retire(list[i]!);
-      list[i] = r;
-    }
+    else list[i] = r;
     this.#byUpstream.set(upstream, r);
+    if (old) this.#retire(old); // after the list has its replacement: moved requests may go there
   }
 
   /**
@@ -144,9 +144,10 @@ export class Replicas {
     const list = this.#services.get(serviceKey);
     const i = list?.findIndex((r) => r.id === id) ?? -1;
     if (!list || i === -1) return;
-    this.#retire(list[i]!);
+    const r = list[i]!;
     list.splice(i, 1);
     if (list.length === 0) this.#services.delete(serviceKey);
+    this.#retire(r);
   }
 
   /** Requests and pinned streams in flight through an upstream (in rotation or draining). */
@@ -306,6 +307,7 @@ export class Replicas {
 
   #retire(r: Replica): void {
     r.retire();
+    r.moveUnsent();
     if (r.inFlight === 0) this.forget(r);
   }
 

@@ -48,6 +48,10 @@ export class Exchange implements Http1Exchange {
     readonly handler: Http1Handler,
   ) {}
 
+  get unsent(): boolean {
+    return !this.finished && this.conn === null && !this.retried;
+  }
+
   /** May go out again on another connection: idempotent, and the body (if any) can be re-sent. */
   get replayable(): boolean {
     return !this.retried && canResend(this.req);

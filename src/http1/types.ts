@@ -51,6 +51,11 @@ export interface Http1Exchange {
   abort(reason?: Error): void;
   /** Read again after onResponseData returned false. */
   resume(): void;
+  /**
+   * A pool's exchange: still waiting in its queue, no byte of it written (an abort now sends
+   * nothing anywhere, so the request may go elsewhere). Absent: unknown.
+   */
+  readonly unsent?: boolean;
 }
 
 export type Http1ErrorCode =

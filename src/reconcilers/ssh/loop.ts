@@ -177,6 +177,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       const tunnel = new ReplicaTunnel({
         target: t,
         hostKeys,
+        hostKeyScope: { policy: t.hostKeyPolicy ?? 'tofu', replicaId: d.id },
         clock,
         random,
         reconnect,
@@ -340,6 +341,9 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
           outcomes.set(action.key, { error });
         }
       }
+      // Replicas that left (no longer held) leave no trust behind; before any await, so no
+      // handshake of a tunnel started above is judged by a departed replica's keys.
+      hostKeys.retain(new Set(held.keys()));
       // 2. Sockets: closed ones (at once; their open connections drain in the background),
       //    then new ones bound several at a time (1,000s on a cold start).
       await Promise.all(
@@ -359,6 +363,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         ctx.status.setOutputs(sk, socketOutputs(sk));
         outcomes.set(`service:${sk}`, 'done');
       }
+      hostKeys.retain(new Set(held.keys())); // and those of services closed above
       return outcomes;
     },
 

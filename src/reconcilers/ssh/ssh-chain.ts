@@ -5,7 +5,7 @@
 import { connect as netConnect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Algorithms, Client as Ssh2Client, ClientChannel } from 'ssh2';
-import type { HostKeyBook } from './host-keys.js';
+import type { HopOnPath, HostKeyBook, HostKeyScope } from './host-keys.js';
 import { ackPromptly } from './prompt-ack.js';
 import { Client, ignoreSender } from '../../ssh2.js';
 import type { HopTarget } from './targets.js';
@@ -25,6 +25,8 @@ export class SshConnectError extends Error {
 
 export interface ChainOptions {
   hostKeys: HostKeyBook;
+  /** The replica's host-key policy and id; absent: `tofu`. */
+  hostKeyScope?: HostKeyScope;
   /** Per hop: TCP connect + handshake + auth. */
   connectTimeoutMs: number;
   keepaliveIntervalMs: number;
@@ -54,7 +56,7 @@ export async function connectChain(hops: readonly HopTarget[], o: ChainOptions):
           throw new SshConnectError('ConnectFailed', `${hopName(hop)} via ${endpointOf(hops, i - 1)}: ${safeMessage(err)}`);
         }
       }
-      clients.push(await connectHop(hop, sock, endpointOf(hops, i), o));
+      clients.push(await connectHop(hop, sock, { endpoint: endpointOf(hops, i), destination: i === hops.length - 1 }, o));
     }
     return clients;
   } catch (err) {
@@ -63,7 +65,7 @@ export async function connectChain(hops: readonly HopTarget[], o: ChainOptions):
   }
 }
 
-function connectHop(hop: HopTarget, sock: Duplex | undefined, endpoint: string, o: ChainOptions): Promise<Client> {
+function connectHop(hop: HopTarget, sock: Duplex | undefined, path: HopOnPath, o: ChainOptions): Promise<Client> {
   return new Promise((resolve, reject) => {
     const client = new Client();
     // Hop 0: our own TCP socket, so that its writes can be coalesced (see coalesceWrites).
@@ -107,7 +109,7 @@ function connectHop(hop: HopTarget, sock: Duplex | undefined, endpoint: string, 
         keepaliveCountMax: o.keepaliveCountMax,
         ...(o.algorithms ? { algorithms: o.algorithms } : {}),
         hostVerifier: (key: Buffer): boolean => {
-          const verdict = o.hostKeys.check(endpoint, key, hop.hostKeyFingerprint);
+          const verdict = o.hostKeys.check(path, key, hop.hostKeyFingerprint, o.hostKeyScope);
           if (verdict.ok) return true;
           mismatch = verdict.message;
           return false;

@@ -4,7 +4,7 @@
 // "leave the connection alone" (a resync or an identical PUT touches nothing).
 
 import { createHash } from 'node:crypto';
-import type { ProxyState, Replica, SshHop, SshProxyHop } from '../../spec/types.js';
+import type { HostKeyPolicy, ProxyState, Replica, SshHop, SshProxyHop } from '../../spec/types.js';
 import { DEFAULT_SSH_PORT, serviceKey } from '../../spec/types.js';
 import { privateKeyReader, type UsableKey } from '../../spec/keys.js';
 
@@ -18,7 +18,15 @@ export interface HopTarget {
 }
 
 export type ReplicaTarget =
-  { kind: 'ssh'; hops: HopTarget[]; appHost: string; appPort: number } | { kind: 'direct'; host: string; port: number };
+  | {
+      kind: 'ssh';
+      hops: HopTarget[];
+      appHost: string;
+      appPort: number;
+      /** Absent: `tofu`. Part of the fingerprint: a changed policy reconnects with the other trust. */
+      hostKeyPolicy?: HostKeyPolicy;
+    }
+  | { kind: 'direct'; host: string; port: number };
 
 export interface DesiredReplica {
   id: string;
@@ -78,7 +86,9 @@ function targetOf(
   add(r.sshProxy, 'proxy');
   add(r.ssh, 'destination');
   if (!r.ssh) problem ??= 'the replica has neither ssh nor direct';
-  return { target: { kind: 'ssh', hops, appHost, appPort: r.appPort }, problem };
+  const target: ReplicaTarget = { kind: 'ssh', hops, appHost, appPort: r.appPort };
+  if (r.hostKeyPolicy !== undefined && r.hostKeyPolicy !== 'tofu') target.hostKeyPolicy = r.hostKeyPolicy;
+  return { target, problem };
 }
 
 /**

@@ -100,6 +100,9 @@ export class ReplicaTunnel {
       this.#clients = clients;
       this.#attempts = 0;
       for (const c of clients) c.once('close', () => this.#lost(epoch, 'connection closed'));
+      // A hop behind a jump host whose sshd went away ends (the jump host half-closes the
+      // channel) without closing: ssh2 stops its keepalive then, so nothing else would notice.
+      for (const c of clients) c.once('end', () => this.#lost(epoch, 'connection ended'));
       for (const c of clients) c.on('error', (err) => this.#lost(epoch, safeMessage(err)));
       this.#o.onConnected?.();
       await this.#probe(epoch);
