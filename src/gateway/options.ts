@@ -160,7 +160,7 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
     kind: 'enum',
     values: ['wait', 'async'],
     default: 'wait',
-    help: "dstack https registrations: `wait` answers once the certificate is there or its first attempt failed (then 400 and the registration undone); `async` answers at once, serves HTTP and keeps trying",
+    help: 'dstack https registrations: `wait` answers once the certificate is there or its first attempt failed (then 400 and the registration undone); `async` answers at once, serves HTTP and keeps trying',
   },
   logLevel: {
     kind: 'enum',
