@@ -22,7 +22,7 @@ import { eventually } from '../../helpers/nginx.js';
 import { freePort } from '../../helpers/ports.js';
 import { startSshd, type TestSshd } from '../../helpers/sshd.js';
 import { tmpDir } from '../../helpers/tmp.js';
-import { call, startGatewayWith } from '../../e2e/integration-harness.js';
+import { call, startControlServer, startGatewayWith, type ControlServer } from '../../e2e/integration-harness.js';
 import { dstack, generation, listed, startCompatGateway } from './compat-harness.js';
 import {
   configPayload,
@@ -44,6 +44,7 @@ let sshd: TestSshd;
 let app: Server;
 let appPort: number;
 let t: TestGateway;
+let control: ControlServer;
 
 beforeAll(async () => {
   tmp = tmpDir('dp-compat-routes-');
@@ -54,11 +55,13 @@ beforeAll(async () => {
   const tokenFile = join(tmp.dir, 'token');
   writeFileSync(tokenFile, `${TOKEN}\n`, { mode: 0o600 });
   // An API token for the management routes: dstack's routes and the stats still take none.
-  t = await startCompatGateway({ apiTokenFile: tokenFile });
+  control = await startControlServer({ main: ['member-token'] });
+  t = await startCompatGateway({ apiTokenFile: tokenFile, serverUrl: control.url });
 }, 60_000);
 
 afterAll(async () => {
   await t?.cleanup();
+  await control?.close();
   await sshd?.stop();
   if (app) await close(app);
   tmp?.cleanup();
@@ -330,8 +333,24 @@ describe('shapes', () => {
   it('stats/collect answers the server without a token; the management API still wants one', async () => {
     const stats = await dstack(t, dstackPaths.stats, undefined, 'GET');
     expect(stats.status).toBe(200);
-    expect(Array.isArray(stats.json)).toBe(true);
+    const rows = stats.json as {
+      project_name: string;
+      run_name: string;
+      stats: Record<string, { requests: number; request_time: number }>;
+    }[];
+    expect(rows.length).toBeGreaterThan(0);
+    for (const row of rows) {
+      expect(Object.keys(row.stats).sort()).toEqual(['30', '300', '60']);
+      for (const w of Object.values(row.stats)) expect(w).toEqual({ requests: expect.any(Number), request_time: expect.any(Number) });
+    }
     expect((await api(t, { path: '/api/v1/state' })).status).toBe(401);
+  });
+
+  it("auth_request target: a refused token gets dstack's 403 text", async () => {
+    const bad = await api(t, { path: '/api/auth/main', token: 'not-a-member' });
+    expect(bad.status).toBe(403);
+    expect(bad.json).toEqual({ detail: 'Unauthenticated or unauthorized to access project main' });
+    expect((await api(t, { path: '/api/auth/main', token: 'member-token' })).status).toBe(200);
   });
 
   it('no secret in any answer or stored-state echo', async () => {
