@@ -5,6 +5,7 @@
 // async mode answers at once and serves HTTP. Bounds are generous; nothing asserts speed.
 
 import type { Server } from 'node:http';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { TestGateway } from '../../helpers/gateway.js';
@@ -123,6 +124,37 @@ describe('replicas/register waits for the tunnel (3 s bound)', () => {
       await other.stop();
     }
   });
+});
+
+describe('a wait when the daemon closes', () => {
+  it('ends at once with 503 (not a refusal), and the replica stays registered', async () => {
+    const t = await startCompatGateway({ dstackCompatReplicaWait: '600' });
+    try {
+      expect(
+        (
+          await dstack(
+            t,
+            dstackPaths.registerService('main'),
+            registerServicePayload({ runName: 'svc', model: null, sshPrivateKey: key.privateKey }),
+          )
+        ).status,
+      ).toBe(200);
+      const id = dstackId();
+      const pending = dstack(
+        t,
+        dstackPaths.registerReplica('main', 'svc'),
+        vmReplicaPayload({ jobId: id, appPort, user: sshd.user, sshPort: await freePort() }),
+      );
+      await eventually(async () => ((await t.gw.store.read()).state.spec.services[0]?.replicas.length === 1 ? true : undefined), 20_000);
+      await t.close();
+      const r = await pending;
+      expect(r.status).toBe(503);
+      expect(detailOf(r.json)).toBe('The gateway is shutting down');
+      expect(readFileSync(join(t.stateDir, 'state.json'), 'utf8')).toContain(id);
+    } finally {
+      await t.cleanup();
+    }
+  }, 60_000);
 });
 
 /** Test domains are not in DNS: everything resolves to loopback except names under `nodns.`. */
