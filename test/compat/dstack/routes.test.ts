@@ -356,13 +356,18 @@ describe('shapes', () => {
     expect((await api(t, { path: '/api/auth/main', token: 'member-token' })).status).toBe(200);
   });
 
-  it('no secret in any answer or stored-state echo', async () => {
+  it('a project key the document refuses: 400 naming the field, never the key', async () => {
+    const secret = '-----BEGIN PRIVATE KEY-----\nU0VDUkVULU5PVC1BLUtFWQ==\n-----END PRIVATE KEY-----\n';
+    const g = await generation(t);
     const r = await dstack(
       t,
-      dstackPaths.registerService('main'),
-      registerServicePayload({ runName: 'bad domain', sshPrivateKey: key.privateKey }),
+      dstackPaths.registerService('keyless'),
+      registerServicePayload({ runName: 'svc', project: 'keyless', sshPrivateKey: secret }),
     );
-    expect(r.body).not.toContain('PRIVATE KEY');
+    expect(r.status).toBe(400);
+    expect((r.json as { detail: string }).detail).toMatch(/sshPrivateKey: /);
+    expect(r.body).not.toContain('U0VDUkVULU5PVC1BLUtFWQ');
+    expect(await generation(t)).toBe(g);
   });
 });
 
