@@ -90,6 +90,7 @@ describe('identical re-sends and unknown unregisters', () => {
     const svc = registerServicePayload({
       runName: 'resend',
       domain: domainOf('resend'),
+      auth: false,
       model,
       sshPrivateKey: key.privateKey,
     });
