@@ -244,6 +244,24 @@ describe("an operator's services beside the server's", () => {
     expect((await get('operator-svc')).status).toBe(200);
     await eventually(async () => ((await get('kept')).status === 404 ? true : undefined), 30_000);
 
+    // Even named directly, the server cannot take the operator's service over or remove it.
+    const takeover = await server.registerService(
+      PROJECT,
+      registerServicePayload({
+        runName: 'operator-svc',
+        domain: domainOf('other'),
+        auth: false,
+        model: null,
+        sshPrivateKey: key.privateKey,
+      }),
+    );
+    expect([takeover.status, takeover.json]).toEqual([400, { detail: `Service ${PROJECT}/operator-svc is already registered` }]);
+    const generation = await generationOf(t);
+    const removal = await server.unregisterService(PROJECT, 'operator-svc');
+    expect([removal.status, removal.json]).toEqual([200, ok]);
+    expect(await generationOf(t)).toBe(generation);
+    expect((await get('operator-svc')).status).toBe(200);
+
     // The operator changes its service again: the server's new service stays.
     await operatorPut((d) => {
       const i = d.spec.services.findIndex((s) => s.run === 'operator-svc');

@@ -222,8 +222,9 @@ async function sequence({ restart }: Run): Promise<void> {
       t = await startCompatGateway({ reuse, flags: flags(), deps });
       // Its stats collector reads the access log from its own start on.
       passedOn.count = 0;
-      // The stored document is served as it was: no write, no Nginx reload, the same list.
+      // The stored document is served as it was: no write, no site rewritten, no Nginx reload, the same list.
       expect(t.gw.nginxStats.reloads).toBe(0);
+      expect(t.gw.nginxStats.filesWritten).toBe(0);
       expect(await generationOf(t)).toBe(generation);
       expect(await server.list()).toEqual(three);
       // The tunnels come back on their own: every replica serves again.
