@@ -140,6 +140,9 @@ async function sequence({ restart }: Run): Promise<void> {
       { id: runId, project_name: PROJECT, run_name: RUN, replicas: [...replicas].sort().map((id) => ({ id })) },
     ];
 
+    // The key as the server makes it; only this key opens the VM's and the container's sshd.
+    expect(projectKey.privateKey.startsWith('-----BEGIN PRIVATE KEY-----')).toBe(true);
+
     // The gateway replica comes up: the server submits its ACME settings first.
     const config = await server.config(pebbleConfigPayload(pebble.directoryUrl));
     expect([config.status, config.json]).toEqual([200, ok]);
