@@ -1,5 +1,5 @@
 // The mapper's cost per call on a 10,000-service document, beside what the routes add around
-// it (normalise, hash, validate of the whole candidate). Run: npx vitest bench --run test/compat/dstack/mapper.bench.ts
+// it (normalise, hash, validate of the whole candidate, or of the call's probe document). Run: npx vitest bench --run test/compat/dstack/mapper.bench.ts
 
 import { bench, describe } from 'vitest';
 import { applyCall } from '../../../src/compat/dstack/mapper.js';
@@ -50,4 +50,5 @@ describe('10,000 services', () => {
   bench('normalise(candidate)', () => void normalise(withService), { iterations: 10 });
   bench('hashSpec(candidate)', () => void hashSpec(withService), { iterations: 10 });
   bench('validate(candidate)', () => void validate(withService), { iterations: 5 });
+  bench('validate(probe)', () => void validate(registered.probe));
 });

@@ -50,6 +50,7 @@ function apply(state: ProxyState, c: Call): Outcome {
     const v = validate(out.state);
     if (!v.ok) throw new Error(`candidate invalid after ${describeCall(c)}: ${JSON.stringify(v.errors)}`);
     expect(JSON.stringify(out.state)).toBe(JSON.stringify(normalise(out.state)));
+    expect(out.probe && validate(out.probe).ok).toBe(true);
   }
   return out;
 }
@@ -498,5 +499,52 @@ describe('a 10,000-service document', () => {
       },
     );
     expect(JSON.stringify(s3.spec.services[5001])).toBe(JSON.stringify(normalise(s3).spec.services[5001]));
+  });
+});
+
+describe('the probe document', () => {
+  let base: ProxyState;
+  beforeAll(() => {
+    base = next(withOperatorServices(), regService('main', { runName: 'llama' }));
+  });
+  const at = { project: 'main', run: 'llama' };
+
+  /** Payloads dstack accepts and our document does not: the probe must refuse each as the whole candidate does. */
+  const invalid: [string, () => Call][] = [
+    ['a header name with an underscore', () => regService('main', { runName: 'h', rateLimits: [headerRateLimit('X_Api_Key')] })],
+    ["a prefix with ';'", () => regService('main', { runName: 'p', rateLimits: [ipRateLimit({ prefix: '/a;b' })] })],
+    ['a zero rps', () => regService('main', { runName: 'z', rateLimits: [ipRateLimit({ rps: 0 })] })],
+    ['a negative body size', () => regService('main', { runName: 'b', clientMaxBodySize: -1 })],
+    [
+      'an unusable project key',
+      () => call('registerService', { project: 'main' }, registerServicePayload({ sshPrivateKey: 'not a key', runName: 'k' })),
+    ],
+    ['a run name the document cannot hold', () => regService('main', { runName: 'has.dot' })],
+    ['a project name the document cannot hold', () => regService('has.dot', { runName: 'x' })],
+    ['a bad domain', () => regService('main', { runName: 'd', domain: 'under_score.example.test' })],
+    ['an app port out of range', () => call('registerReplica', at, vmReplicaPayload({ appPort: 70000 }))],
+    ['a proxy key that is not a key', () => call('registerReplica', at, dockerReplicaPayload({ vmKey: 'garbage' }))],
+    ['a user the document refuses', () => call('registerReplica', at, { ...vmReplicaPayload(), ssh_host: 'a@b@host' })],
+    ['a wildcard entrypoint', () => call('registerEntrypoint', { project: 'main' }, entrypointPayload({ domain: '*.example.test' }))],
+    ['an EAB kid without its key', () => call('config', {}, configPayload({ acme_eab_kid: 'kid' }))],
+    ['an ACME URL the document refuses', () => call('config', {}, configPayload({ acme_server: 'https://acme.example/{dir}' }))],
+  ];
+  test.each(invalid)('%s: refused by the probe and by the whole candidate alike', (_name, make) => {
+    const out = applyCall(base, make());
+    if (out.kind !== 'changed') throw new Error(JSON.stringify(out));
+    const whole = validate(out.state);
+    expect(out.probe).toBeDefined();
+    const probe = validate(out.probe);
+    expect([whole.ok, probe.ok]).toEqual([false, false]);
+    const messages = (r: typeof whole): string[] => (r.ok ? [] : r.errors.map((e) => e.message));
+    expect(messages(probe)).toEqual(messages(whole));
+  });
+
+  test('holds only what the call wrote', () => {
+    const out = applyCall(base, call('registerReplica', at, vmReplicaPayload({ jobId: 'job1' })));
+    if (out.kind !== 'changed') throw new Error(JSON.stringify(out));
+    expect(out.probe?.spec.services.map((s) => s.run)).toEqual(['llama']);
+    expect(out.probe?.spec.projects.map((p) => p.name)).toEqual(['main']);
+    expect(out.probe?.spec.entrypoints).toEqual([]);
   });
 });
