@@ -14,7 +14,7 @@ import { serviceKey, type Entrypoint, type ProxyState, type Replica, type Servic
 import type { StoredState } from '../../state/store.js';
 import type { Call } from './calls.js';
 import { applyCall, listServices, type Outcome } from './mapper.js';
-import { jsonInvalidDetail, parseCall } from './requests.js';
+import { jsonInvalidDetail, parseCall, type PathParams } from './requests.js';
 import type { CompatWriter, WriteAnswer } from './store-write.js';
 import { cannotRegisterReplica, certificateFailed, certificateTimedOut } from './texts.js';
 import { replicaCheck, replicaTimeout, waitForCertificate, waitForStatus, type CertFailure, type StatusSource } from './waits.js';
@@ -138,7 +138,7 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
       if (!b.ok) return detail(reply, 422, b.detail);
       body = b.body;
     }
-    const parsed = parseCall(kind, (request.params ?? {}) as Record<string, string>, body);
+    const parsed = parseCall(kind, (request.params ?? {}) as PathParams, body);
     if (!parsed.ok) return detail(reply, 422, parsed.detail);
     const call = parsed.call;
     const what = describe(call);
@@ -152,7 +152,8 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
       const { project, run } = call;
       const id = call.body.job_id;
       const written = findService(answer.state, project, run)?.replicas.find((r) => r.id === id);
-      if (written === undefined) return reply.send({ status: 'ok' }); // the mapper wrote it elsewhere: nothing to wait on
+      // Accepted without a replica of that id under the service: nothing of ours to wait on.
+      if (written === undefined) return reply.send({ status: 'ok' });
       const sk = serviceKey({ project, run });
       const r = await waitForStatus(o.status, replicaCheck(sk, id, answer.generation), {
         timeoutMs: o.replicaWaitS * 1000,

@@ -9,7 +9,7 @@ import type { Condition } from '../../reconcilers/conditions.js';
 import { findCondition } from '../../reconcilers/conditions.js';
 import type { StatusListener } from '../../reconcilers/controller.js';
 import { replicaObjectKey, SSH_LOOP, TLS_LOOP } from '../../reconcilers/outputs.js';
-import type { StatusSnapshot } from '../../reconcilers/types.js';
+import type { LoopStatus, StatusSnapshot } from '../../reconcilers/types.js';
 
 /** What the waits read: the controller's status and its change feed. */
 export interface StatusSource {
@@ -21,13 +21,17 @@ export type Verdict = { kind: 'ready' } | { kind: 'failed'; reason: string };
 
 export type WaitResult = Verdict | { kind: 'closed' };
 
+/** What a check reads: some loops' statuses (all of them, or just the one that changed). */
+export type LoopsView = { loops: Readonly<Record<string, LoopStatus>> };
+
 /**
  * Resolves with the first verdict `check` gives (at once, and after every status change), with
- * `onTimeout()` after `timeoutMs`, or with `closed` when `signal` aborts.
+ * `onTimeout()` after `timeoutMs`, or with `closed` when `signal` aborts. A change is checked
+ * with the status of the loop that changed alone: no copy of every loop's status per change.
  */
 export function waitForStatus(
   source: StatusSource,
-  check: (s: StatusSnapshot) => Verdict | undefined,
+  check: (s: LoopsView) => Verdict | undefined,
   o: { timeoutMs: number; onTimeout: (s: StatusSnapshot) => Verdict; signal: AbortSignal },
 ): Promise<WaitResult> {
   return new Promise<WaitResult>((resolve) => {
@@ -40,24 +44,24 @@ export function waitForStatus(
       o.signal.removeEventListener('abort', onAbort);
       resolve(r);
     };
-    const evaluate = (): void => {
+    const evaluate = (view: LoopsView): void => {
       if (done) return;
-      const v = check(source.statuses());
+      const v = check(view);
       if (v !== undefined) finish(v);
     };
     const onAbort = (): void => finish({ kind: 'closed' });
-    const unsubscribe = source.onStatus(() => evaluate());
+    const unsubscribe = source.onStatus((loop, status) => evaluate({ loops: { [loop]: status } }));
     const timer = setTimeout(() => finish(o.onTimeout(source.statuses())), o.timeoutMs);
     o.signal.addEventListener('abort', onAbort);
     if (o.signal.aborted) onAbort();
-    evaluate();
+    evaluate(source.statuses());
   });
 }
 
 /** Tunnel reasons that retrying will not fix: the answer is known at once. */
 const DEFINITIVE_REPLICA_REASONS = new Set(['AuthFailed', 'HostKeyMismatch', 'InvalidConfig']);
 
-function readyOf(s: StatusSnapshot, loop: string, key: string): Condition | undefined {
+function readyOf(s: LoopsView, loop: string, key: string): Condition | undefined {
   const obj = s.loops[loop]?.objects[key];
   return obj ? findCondition(obj.conditions, 'Ready') : undefined;
 }
@@ -72,7 +76,7 @@ function tunnelMessage(c: Condition): string {
  * or later, and its tunnel and app port answer), or a failure no retry will fix. Connect
  * failures and an unreachable app port keep waiting: the tunnel retries by itself.
  */
-export function replicaCheck(serviceKey: string, id: string, generation: number): (s: StatusSnapshot) => Verdict | undefined {
+export function replicaCheck(serviceKey: string, id: string, generation: number): (s: LoopsView) => Verdict | undefined {
   const key = replicaObjectKey(serviceKey, id);
   return (s) => {
     const ready = readyOf(s, SSH_LOOP, key);
@@ -109,7 +113,7 @@ function certError(c: Condition): string | undefined {
  * the TLS loop's pass at that generation or later reports that the attempt it knows of failed
  * (the domain does not resolve, or certbot failed).
  */
-export function certificateCheck(domain: string, generation: number): (s: StatusSnapshot) => CertVerdict | undefined {
+export function certificateCheck(domain: string, generation: number): (s: LoopsView) => CertVerdict | undefined {
   return (s) => {
     const ready = readyOf(s, TLS_LOOP, domain);
     if (ready === undefined) return undefined;

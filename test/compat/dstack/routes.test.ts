@@ -7,7 +7,10 @@
 import type { Server } from 'node:http';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import Fastify from 'fastify';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { dstackRoutes } from '../../../src/compat/dstack/routes.js';
 import {
   domainTaken,
   replicaAlreadyExists,
@@ -353,13 +356,18 @@ describe('shapes', () => {
     expect((await api(t, { path: '/api/auth/main', token: 'member-token' })).status).toBe(200);
   });
 
-  it('no secret in any answer or stored-state echo', async () => {
+  it('a project key the document refuses: 400 naming the field, never the key', async () => {
+    const secret = '-----BEGIN PRIVATE KEY-----\nU0VDUkVULU5PVC1BLUtFWQ==\n-----END PRIVATE KEY-----\n';
+    const g = await generation(t);
     const r = await dstack(
       t,
-      dstackPaths.registerService('main'),
-      registerServicePayload({ runName: 'bad domain', sshPrivateKey: key.privateKey }),
+      dstackPaths.registerService('keyless'),
+      registerServicePayload({ runName: 'svc', project: 'keyless', sshPrivateKey: secret }),
     );
-    expect(r.body).not.toContain('PRIVATE KEY');
+    expect(r.status).toBe(400);
+    expect((r.json as { detail: string }).detail).toMatch(/sshPrivateKey: /);
+    expect(r.body).not.toContain('U0VDUkVULU5PVC1BLUtFWQ');
+    expect(await generation(t)).toBe(g);
   });
 });
 
@@ -386,6 +394,41 @@ describe('off by default, loopback only', () => {
         code: 'DP_ERR_BAD_OPTION',
         message: expect.stringContaining('loopback'),
       });
+    }
+  });
+});
+
+describe('an unexpected error', () => {
+  it('is a 500 {"detail"} without the error\'s text, and is logged', async () => {
+    const lines: string[] = [];
+    const logger = pino({ level: 'error' }, { write: (l: string) => void lines.push(l) });
+    const app = Fastify();
+    const secret = 'SECRET-IN-AN-ERROR-MESSAGE';
+    await dstackRoutes(app, {
+      writer: { write: async () => Promise.reject(new Error(secret)) },
+      read: async () => Promise.reject(new Error(secret)),
+      status: t.gw.controller,
+      replicaWaitS: 1,
+      tls: 'wait',
+      certbotTimeoutS: 1,
+      signal: new AbortController().signal,
+      version: '0.0.0',
+      logger,
+    });
+    try {
+      const r = await app.inject({
+        method: 'POST',
+        url: dstackPaths.registerEntrypoint('main'),
+        payload: { domain: 'a.example.test', https: false },
+      });
+      expect(r.statusCode).toBe(500);
+      expect(r.json()).toEqual({ detail: 'Internal Server Error' });
+      const l = await app.inject({ method: 'GET', url: dstackPaths.list });
+      expect(l.statusCode).toBe(500);
+      expect(l.body).not.toContain(secret);
+      expect(lines.some((x) => x.includes('dstack call failed unexpectedly'))).toBe(true);
+    } finally {
+      await app.close();
     }
   });
 });

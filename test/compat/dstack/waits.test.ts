@@ -5,6 +5,7 @@
 // async mode answers at once and serves HTTP. Bounds are generous; nothing asserts speed.
 
 import type { Server } from 'node:http';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { TestGateway } from '../../helpers/gateway.js';
@@ -14,6 +15,8 @@ import { startPebble, type TestPebble } from '../../helpers/pebble.js';
 import { freePort } from '../../helpers/ports.js';
 import { startSshd, type TestSshd } from '../../helpers/sshd.js';
 import { tmpDir } from '../../helpers/tmp.js';
+import { certificateCheck, replicaCheck, waitForStatus, type StatusSource } from '../../../src/compat/dstack/waits.js';
+import type { LoopStatus, StatusSnapshot } from '../../../src/reconcilers/types.js';
 import { call } from '../../e2e/integration-harness.js';
 import { dstack, listed, startCompatGateway } from './compat-harness.js';
 import {
@@ -48,6 +51,100 @@ afterAll(async () => {
 });
 
 const detailOf = (json: unknown): string => (json as { detail: string }).detail;
+
+/** A loop status with one object whose Ready condition is given. */
+function loopWith(
+  key: string,
+  ready: { status: 'True' | 'False'; reason: string; message?: string; observedGeneration: number },
+): LoopStatus {
+  const condition = { type: 'Ready', message: '', lastTransitionTime: new Date(0), ...ready };
+  return { conditions: [], objects: { [key]: { conditions: [condition] } }, failures: {} } as unknown as LoopStatus;
+}
+
+describe('the checks (pure)', () => {
+  const check = replicaCheck('main/svc', 'r1', 5);
+  it('a replica: Ready only at the generation written or later; definitive reasons at once; retried ones keep waiting', () => {
+    expect(
+      check({ loops: { ssh: loopWith('main/svc/r1', { status: 'True', reason: 'Connected', observedGeneration: 4 }) } }),
+    ).toBeUndefined();
+    expect(check({ loops: { ssh: loopWith('main/svc/r1', { status: 'True', reason: 'Connected', observedGeneration: 5 }) } })).toEqual({
+      kind: 'ready',
+    });
+    expect(
+      check({
+        loops: {
+          ssh: loopWith('main/svc/r1', {
+            status: 'False',
+            reason: 'ConnectFailed',
+            message: 'refused; retrying in 1.2 s',
+            observedGeneration: 6,
+          }),
+        },
+      }),
+    ).toBeUndefined();
+    expect(
+      check({
+        loops: {
+          ssh: loopWith('main/svc/r1', { status: 'False', reason: 'AuthFailed', message: 'authentication failed', observedGeneration: 5 }),
+        },
+      }),
+    ).toEqual({
+      kind: 'failed',
+      reason: 'AuthFailed: authentication failed',
+    });
+    expect(check({ loops: { tls: loopWith('main/svc/r1', { status: 'True', reason: 'Issued', observedGeneration: 9 }) } })).toBeUndefined();
+  });
+
+  it('a certificate: served at once; a failure only from a pass at the generation written or later', () => {
+    const cert = certificateCheck('a.example.test', 3);
+    expect(cert({ loops: { tls: loopWith('a.example.test', { status: 'True', reason: 'Issued', observedGeneration: 1 }) } })).toEqual({
+      kind: 'ready',
+    });
+    expect(
+      cert({ loops: { tls: loopWith('a.example.test', { status: 'False', reason: 'DNSNotReady', observedGeneration: 2 }) } }),
+    ).toBeUndefined();
+    expect(
+      cert({
+        loops: {
+          tls: loopWith('a.example.test', {
+            status: 'False',
+            reason: 'IssueFailed',
+            message: 'failedAttempts 1; error urn:acme:error:rejected\nbad',
+            observedGeneration: 3,
+          }),
+        },
+      }),
+    ).toEqual({ kind: 'failed', failure: { kind: 'issue', error: 'urn:acme:error:rejected bad' } });
+    expect(
+      cert({ loops: { tls: loopWith('a.example.test', { status: 'False', reason: 'Pending', observedGeneration: 3 }) } }),
+    ).toBeUndefined();
+  });
+
+  it('waitForStatus: a verdict from a change, the timeout verdict, or closed', async () => {
+    let listener: ((loop: string, status: LoopStatus) => void) | undefined;
+    const empty: StatusSnapshot = { generation: 5, observedGeneration: 5, loops: {} };
+    const source: StatusSource = { statuses: () => empty, onStatus: (l) => ((listener = l), () => (listener = undefined)) };
+    const never = new AbortController().signal;
+    const ready = waitForStatus(source, check, { timeoutMs: 60_000, onTimeout: () => ({ kind: 'failed', reason: 'late' }), signal: never });
+    listener?.('ssh', loopWith('main/svc/r1', { status: 'True', reason: 'Connected', observedGeneration: 5 }));
+    expect(await ready).toEqual({ kind: 'ready' });
+    expect(listener).toBeUndefined();
+    expect(
+      await waitForStatus(source, check, { timeoutMs: 10, onTimeout: () => ({ kind: 'failed', reason: 'late' }), signal: never }),
+    ).toEqual({
+      kind: 'failed',
+      reason: 'late',
+    });
+    const ac = new AbortController();
+    const closing = waitForStatus(source, check, {
+      timeoutMs: 60_000,
+      onTimeout: () => ({ kind: 'failed', reason: 'late' }),
+      signal: ac.signal,
+    });
+    ac.abort();
+    expect(await closing).toEqual({ kind: 'closed' });
+  });
+});
 
 describe('replicas/register waits for the tunnel (3 s bound)', () => {
   let t: TestGateway;
@@ -123,6 +220,37 @@ describe('replicas/register waits for the tunnel (3 s bound)', () => {
       await other.stop();
     }
   });
+});
+
+describe('a wait when the daemon closes', () => {
+  it('ends at once with 503 (not a refusal), and the replica stays registered', async () => {
+    const t = await startCompatGateway({ dstackCompatReplicaWait: '600' });
+    try {
+      expect(
+        (
+          await dstack(
+            t,
+            dstackPaths.registerService('main'),
+            registerServicePayload({ runName: 'svc', model: null, sshPrivateKey: key.privateKey }),
+          )
+        ).status,
+      ).toBe(200);
+      const id = dstackId();
+      const pending = dstack(
+        t,
+        dstackPaths.registerReplica('main', 'svc'),
+        vmReplicaPayload({ jobId: id, appPort, user: sshd.user, sshPort: await freePort() }),
+      );
+      await eventually(async () => ((await t.gw.store.read()).state.spec.services[0]?.replicas.length === 1 ? true : undefined), 20_000);
+      await t.close();
+      const r = await pending;
+      expect(r.status).toBe(503);
+      expect(detailOf(r.json)).toBe('The gateway is shutting down');
+      expect(readFileSync(join(t.stateDir, 'state.json'), 'utf8')).toContain(id);
+    } finally {
+      await t.cleanup();
+    }
+  }, 60_000);
 });
 
 /** Test domains are not in DNS: everything resolves to loopback except names under `nodns.`. */
