@@ -115,7 +115,6 @@ export interface StatsRow {
  * keeps talking to a restarted gateway.
  */
 export class DstackServer {
-  readonly calls: { method: string; path: string; status: number }[] = [];
   #queue: Promise<unknown> = Promise.resolve();
 
   constructor(private readonly target: () => { apiPort: number }) {}
@@ -124,7 +123,6 @@ export class DstackServer {
     const run = async (): Promise<Answer> => {
       const started = Date.now();
       const r = await api(this.target(), { method, path, ...(body !== undefined ? { body } : {}) });
-      this.calls.push({ method, path, status: r.status });
       return { ...r, ms: Date.now() - started };
     };
     const next = this.#queue.then(run, run);
