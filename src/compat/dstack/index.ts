@@ -28,7 +28,9 @@ export interface DstackCompatOptions {
 /** The routes as one route module; their waits end when the app closes. */
 export function dstackCompatRoutes(o: DstackCompatOptions): RouteModule {
   const logger = o.logger.child({ component: 'dstack-compat' });
-  const writer = compatWriter(o.store, logger);
+  // The whole candidate is validated as a PUT's document is; `probe` trades that for the
+  // mapper's own cross-document checks (see CompatWriterOptions).
+  const writer = compatWriter(o.store, logger, { validation: 'document' });
   return async (app) => {
     const closing = new AbortController();
     // Before the server stops taking requests: fastify's close waits for those in flight, and a

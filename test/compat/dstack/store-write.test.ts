@@ -97,4 +97,20 @@ describe('compatWriter', () => {
     expect(seen).toEqual([0, 1, 2, 3, 4]);
     expect((await s.read()).state.spec.entrypoints).toHaveLength(5);
   });
+
+  it("probe validation: the mapper's probe decides, the normalised candidate is written as it is", async () => {
+    const s = await store();
+    const writer = compatWriter(s, logger, { validation: 'probe' });
+    const a = await writer.write((cur) => applyCall(cur.state, entrypoint('main', 'gateway.main.example.test')), {});
+    expect(a).toMatchObject({ kind: 'written', changed: true, generation: 1 });
+    // The same document through a PUT's validation hashes the same: the candidate was normalised.
+    const whole = await compatWriter(s, logger).write((cur) => ({ kind: 'changed', state: cur.state }), {});
+    expect(whole).toMatchObject({ kind: 'written', changed: false, generation: 1 });
+    const bad = await writer.write((cur) => {
+      const o = applyCall(cur.state, entrypoint('other', 'gateway.other.example.test'));
+      return o.kind === 'changed' && o.probe ? { ...o, probe: withProject(o.probe, 'not a project') } : o;
+    }, {});
+    expect(bad.kind).toBe('refused');
+    expect((await s.read()).generation).toBe(1);
+  });
 });

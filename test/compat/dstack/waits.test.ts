@@ -223,7 +223,7 @@ describe('replicas/register waits for the tunnel (3 s bound)', () => {
 });
 
 describe('a wait when the daemon closes', () => {
-  it('ends at once with 503 (not a refusal), and the replica stays registered', async () => {
+  it('holds no lock, ends at once with 503 (not a refusal), and the replica stays registered', async () => {
     const t = await startCompatGateway({ dstackCompatReplicaWait: '600' });
     try {
       expect(
@@ -242,6 +242,16 @@ describe('a wait when the daemon closes', () => {
         vmReplicaPayload({ jobId: id, appPort, user: sshd.user, sshPort: await freePort() }),
       );
       await eventually(async () => ((await t.gw.store.read()).state.spec.services[0]?.replicas.length === 1 ? true : undefined), 20_000);
+      // The wait holds no lock: another call is answered meanwhile.
+      let settled = false;
+      void pending.then(() => (settled = true));
+      const other = await dstack(
+        t,
+        dstackPaths.registerService('main'),
+        registerServicePayload({ runName: 'meanwhile', model: null, sshPrivateKey: key.privateKey }),
+      );
+      expect(other.status).toBe(200);
+      expect(settled).toBe(false);
       await t.close();
       const r = await pending;
       expect(r.status).toBe(503);
