@@ -106,8 +106,9 @@ export class HostFrames {
   }
 }
 
+/** The mean in seconds, rounded to the millisecond as dstack's gateway reports it. */
 function stat(requests: number, timeMs: number): WindowStat {
-  return { requests, request_time: requests === 0 ? 0 : timeMs / requests / 1000 };
+  return { requests, request_time: requests === 0 ? 0 : Math.round(timeMs / requests) / 1000 };
 }
 
 export function emptyWindows(): WindowStats {

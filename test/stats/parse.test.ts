@@ -106,7 +106,8 @@ describe('frames', () => {
     h.add(now - 300, 9000); // too old for every window
     const w = h.windows(now);
     expect(w['30']).toEqual({ requests: 2, request_time: 0.2 });
-    expect(w['60'].requests).toBe(3);
+    // (100 + 300 + 1000) / 3 ms = 0.4666… s, reported to the millisecond as dstack's gateway does.
+    expect(w['60']).toEqual({ requests: 3, request_time: 0.467 });
     expect(w['300'].requests).toBe(4);
     expect(w['300'].request_time).toBeCloseTo((100 + 300 + 1000 + 5000) / 4 / 1000);
     // A later second reuses the ring slot of `now - 300`: the old frame is gone.
