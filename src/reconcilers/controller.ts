@@ -264,10 +264,11 @@ export class Controller {
   // ── status ────────────────────────────────────────────────────────────────────────────
 
   #publish(rt: LoopRunner): void {
-    const status = rt.snapshot();
+    // Nobody may be listening: no copy then.
+    const status = this.#listeners.size === 0 ? null : rt.snapshot();
     for (const listener of this.#listeners) {
       try {
-        listener(rt.loop.name, status);
+        listener(rt.loop.name, status!);
       } catch (err) {
         this.#logger.error({ err, loop: rt.loop.name }, 'status listener threw');
       }

@@ -16,6 +16,8 @@ export class StatusStore {
   readonly #now: () => number;
   readonly #generation: () => number;
   readonly #onChange: () => void;
+  /** The copy snapshot() last made, until the next write: a pass and every listener share it. */
+  #copy: Pick<LoopStatus, 'conditions' | 'objects'> | null = null;
 
   /**
    * `generation` gives the observedGeneration to stamp when a writer gives none; `onChange`
@@ -24,7 +26,10 @@ export class StatusStore {
   constructor(opts: { now: () => number; generation: () => number; onChange: () => void }) {
     this.#now = opts.now;
     this.#generation = opts.generation;
-    this.#onChange = opts.onChange;
+    this.#onChange = () => {
+      this.#copy = null;
+      opts.onChange();
+    };
   }
 
   setLoopCondition(cond: ConditionInput): void {
@@ -75,19 +80,26 @@ export class StatusStore {
     };
   }
 
-  /** A deep copy, objects sorted by key. */
+  /**
+   * A deep copy, objects sorted by key. Copying every object is linear in the loop's objects, and
+   * every pass of every loop and every status listener asks; so one copy serves them all until the
+   * next write. Readers never change what they get (the object map is frozen to hold them to it).
+   */
   snapshot(failures: Record<string, FailureInfo>): LoopStatus {
-    const keys = [...this.#objects.keys()].sort();
-    return structuredClone({
-      conditions: [...this.#conditions],
-      objects: Object.fromEntries(
-        keys.map((k) => {
-          const e = this.#objects.get(k)!;
-          return [k, e.outputs === undefined ? { conditions: [...e.conditions] } : { conditions: [...e.conditions], outputs: e.outputs }];
-        }),
-      ),
-      failures,
-    });
+    if (this.#copy === null) {
+      const keys = [...this.#objects.keys()].sort();
+      this.#copy = structuredClone({
+        conditions: [...this.#conditions],
+        objects: Object.fromEntries(
+          keys.map((k) => {
+            const e = this.#objects.get(k)!;
+            return [k, e.outputs === undefined ? { conditions: [...e.conditions] } : { conditions: [...e.conditions], outputs: e.outputs }];
+          }),
+        ),
+      });
+      Object.freeze(this.#copy.objects);
+    }
+    return { conditions: this.#copy.conditions, objects: this.#copy.objects, failures: structuredClone(failures) };
   }
 }
 
