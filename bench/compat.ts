@@ -11,23 +11,20 @@
 //
 // DC1: 100 services (both modes). DC2 + DC3: 1,000 services (both modes), and the per-call
 // latencies of the paced run. DSTACK_PROXY_BENCH_ONLY=DC1* runs only the small one.
-// `node dist/bench/compat.js [services]` runs one paced round alone and prints its figures.
+// `node dist/bench/compat.js [services] [unpaced]` runs one round alone and prints its figures.
 
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { generateKeyPairSync, randomUUID } from 'node:crypto';
-import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { spawn, type ChildProcess } from 'node:child_process';
 import http from 'node:http';
 import os from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { dstackProjectKey, registerServicePayload, vmReplicaPayload } from '../test/compat/dstack/fixtures.js';
 import { startSshd, type TestSshd } from '../test/helpers/sshd.js';
 import { tmpDir } from '../test/helpers/tmp.js';
 import { freePort, startBenchGateway } from './gateway.js';
 import { percentile, wanted, type Row } from './table.js';
 
 const PROJECT = 'bench';
-/** dstack's server sends its server-wide default, 64 MiB. */
-const CLIENT_MAX_BODY_SIZE = 64 * 1024 * 1024;
 /** dstack's server gives up on a gateway call after 120 s. */
 const CALL_TIMEOUT_MS = 120_000;
 /** After the last call, how long every Host may take to answer before the round fails. */
@@ -74,19 +71,7 @@ async function startFixture(): Promise<Fixture> {
   const tmp = tmpDir('dp-bench-compat-');
   const procs: ChildProcess[] = [];
   try {
-    // dstack: rsa.generate_private_key(65537, 2048) → PEM, PKCS8, no encryption.
-    const { privateKey } = generateKeyPairSync('rsa', {
-      modulusLength: 2048,
-      publicExponent: 65537,
-      privateKeyEncoding: { type: 'pkcs8', format: 'pem' },
-      publicKeyEncoding: { type: 'spki', format: 'pem' },
-    });
-    const keyDir = join(tmp.dir, 'key');
-    mkdirSync(keyDir);
-    const keyPath = join(keyDir, 'project');
-    writeFileSync(keyPath, privateKey);
-    chmodSync(keyPath, 0o600);
-    const publicKey = execFileSync('ssh-keygen', ['-y', '-f', keyPath], { encoding: 'utf8' });
+    const { privateKey, publicKey } = dstackProjectKey();
     const sshd = await startSshd({ dir: join(tmp.dir, 'sshd'), authorizedKeys: [publicKey] });
     const appPort = await freePort();
     const app = spawn(process.execPath, ['-e', APP, String(appPort)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
@@ -109,40 +94,26 @@ async function startFixture(): Promise<Fixture> {
   }
 }
 
-const hex = (): string => randomUUID().replaceAll('-', '');
 const runName = (i: number): string => `svc-${i}`;
 const domainOf = (i: number): string => `${runName(i)}.bench.gw.test`;
 
-/** `RegisterServiceRequest` as the server's `_register_service` builds it for a plain service. */
+/** `register_service`'s payload for a plain service: no model, no https, no auth, no rate limits. */
 function registerServiceBody(i: number, projectKey: string): unknown {
-  return {
-    id: hex(),
-    run_name: runName(i),
+  return registerServicePayload({
+    runName: runName(i),
     domain: domainOf(i),
+    project: PROJECT,
     https: false,
     auth: false,
-    client_max_body_size: CLIENT_MAX_BODY_SIZE,
-    options: {},
-    ssh_private_key: projectKey,
-    rate_limits: [],
-    has_router_replica: false,
-    router: null,
-  };
+    model: null,
+    sshPrivateKey: projectKey,
+    extra: {},
+  });
 }
 
-/** `RegisterReplicaRequest` for a replica on a VM (not dockerized): `user@host`, the VM's sshd port. */
+/** `register_replica`'s payload for a job on a VM (not dockerized): `user@host` and the VM's sshd port. */
 function registerReplicaBody(f: Fixture): unknown {
-  return {
-    job_id: hex(),
-    app_port: f.appPort,
-    ssh_host: `${f.sshd.user}@127.0.0.1`,
-    ssh_port: f.sshd.port,
-    ssh_proxy: null,
-    ssh_proxy_private_key: null,
-    ssh_head_proxy: null,
-    ssh_head_proxy_private_key: null,
-    internal_ip: null,
-  };
+  return vmReplicaPayload({ appPort: f.appPort, user: f.sshd.user, host: '127.0.0.1', sshPort: f.sshd.port, extra: {} });
 }
 
 /** One call; the elapsed ms. Anything but 200 `{"status":"ok"}` ends the round: the server would have marked it failed. */
@@ -184,7 +155,8 @@ async function allAnswer(httpPort: number, hosts: string[], deadline: number): P
         while (next < hosts.length) {
           const host = hosts[next++]!;
           while ((await get(httpPort, host, agent)) !== 200) {
-            if (performance.now() > deadline) throw new Error(`${pending.size} of ${hosts.length} hosts still not answering 200 (e.g. ${host})`);
+            if (performance.now() > deadline)
+              throw new Error(`${pending.size} of ${hosts.length} hosts still not answering 200 (e.g. ${host})`);
             await new Promise((r) => setTimeout(r, 5));
           }
           pending.delete(host);
