@@ -24,7 +24,8 @@ export const authRoutes: FastifyPluginAsync<AuthRoutesOptions> = async (app, { a
       case 'unauthenticated':
         return reply.code(401).header('www-authenticate', 'Bearer').send({ detail: 'Not authenticated' });
       case 'deny':
-        return reply.code(403).send({ detail: 'Access denied' });
+        // dstack's gateway's words for a refused token.
+        return reply.code(403).send({ detail: `Unauthenticated or unauthorized to access project ${req.params.project}` });
       case 'unavailable':
         return reply.code(503).send({ detail: 'The control server could not verify the token' });
     }

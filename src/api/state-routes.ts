@@ -97,6 +97,15 @@ function parseAndValidate(text: string, format: DocumentFormat): ProxyState {
     }
     throw err;
   }
+  return validateDocument(raw);
+}
+
+/**
+ * A parsed document as every writer of the store must check it (this PUT, and the dstack
+ * compatibility routes' candidates): schema and semantics, then normalised. Invalid: a
+ * DP_ERR_INVALID_DOCUMENT whose `errors` list every issue.
+ */
+export function validateDocument(raw: unknown): ProxyState {
   const result = validate(raw);
   if (!result.ok) {
     throw new ProxyError('DP_ERR_INVALID_DOCUMENT', `the document has ${result.errors.length} error(s)`, { errors: result.errors });

@@ -7,6 +7,7 @@ import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
 import { checkManagementExposure, readApiToken } from '../api/api-token.js';
 import type { Clock } from '../clock.js';
+import { checkDstackCompatHost } from '../compat/dstack/index.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
 import { prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
 import type { GatewayOptions } from '../gateway/options.js';
@@ -56,6 +57,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     ...clock,
     resyncIntervalMs: options.resyncInterval * 1000,
     async preflight() {
+      // dstack's routes take no token: they never go beyond loopback, token or not.
+      if (options.dstackCompat === 'true') await checkDstackCompatHost(options.apiHost);
       apiToken = options.apiTokenFile ? await readApiToken(options.apiTokenFile, logger) : undefined;
       await checkManagementExposure(
         {

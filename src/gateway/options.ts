@@ -38,6 +38,9 @@ export interface GatewayOptions {
   certbotDir: string | undefined;
   acmeCaBundle: string | undefined;
   dnsPreflight: 'true' | 'false';
+  dstackCompat: 'true' | 'false';
+  dstackCompatReplicaWait: number;
+  dstackCompatTls: 'wait' | 'async';
   logLevel: 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 }
 
@@ -141,6 +144,23 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
     values: ['true', 'false'],
     default: 'true',
     help: 'check that a domain resolves before spending an ACME attempt on it',
+  },
+  dstackCompat: {
+    kind: 'enum',
+    values: ['true', 'false'],
+    default: 'false',
+    help: "`true` serves dstack's gateway API (/api/registry/*, /api/services/list, /api/config, GET /) on the API listener, so an unmodified dstack server drives the gateway; those routes take no token, so --api-host must be loopback (dstack's server comes in through its SSH tunnel), and /api/stats/collect then answers without the API token",
+  },
+  dstackCompatReplicaWait: {
+    kind: 'seconds',
+    default: 20,
+    help: "seconds a dstack replicas/register waits for the replica's tunnel to be Ready before it answers 400 and removes the replica again",
+  },
+  dstackCompatTls: {
+    kind: 'enum',
+    values: ['wait', 'async'],
+    default: 'wait',
+    help: 'dstack https registrations: `wait` answers once the certificate is there or its first attempt failed (then 400 and the registration undone); `async` answers at once, serves HTTP and keeps trying',
   },
   logLevel: {
     kind: 'enum',

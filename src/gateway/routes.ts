@@ -9,8 +9,9 @@ import { statsRoutes } from '../api/stats-routes.js';
 import { createControlServerAuth, noServerAuth } from '../auth/index.js';
 import type { RouteModule } from '../api/app.js';
 import type { Clock } from '../clock.js';
+import { dstackCompatRoutes } from '../compat/dstack/index.js';
 import type { Controller } from '../reconcilers/controller.js';
-import type { StoredState } from '../state/store.js';
+import type { StateStore, StoredState } from '../state/store.js';
 import { entrypointClient, nginxForwarder, registerModelApi, type FirstSeenStore } from '../models/index.js';
 import type { StatsCollector } from '../stats/index.js';
 import type { GatewayLoops } from './loops.js';
@@ -23,6 +24,8 @@ export interface RouteContext {
   logger: Logger;
   clock: Clock | undefined;
   controller: Controller;
+  /** The store the API writes through (the dstack compatibility routes do too). */
+  store: StateStore;
   current(): StoredState;
   /** Releases `cleanup` when the daemon closes. */
   defer(cleanup: () => unknown): void;
@@ -50,6 +53,7 @@ export function gatewayRoutes(
   const modelForwarder = nginxForwarder({ socketPath: host.internal.socketPath });
   d.defer(() => modelForwarder.close());
   const metrics = gatewayMetrics(d.controller, d.current, stats, loops);
+  const dstackCompat = options.dstackCompat === 'true';
   return [
     // Nginx calls the auth target for every request: never behind the API token, and for
     // this host only (an API beyond loopback must not be a token oracle for the network).
@@ -58,8 +62,10 @@ export function gatewayRoutes(
         scope.addHook('onRequest', thisHostOnly);
         await scope.register(authRoutes, { auth });
       }),
-    // Stats and metrics list every project, service, replica and domain: management data.
-    async (a, guard) => a.register(statsRoutes, { collector: stats, getState: async () => d.current().state, guard }),
+    // Stats and metrics list every project, service, replica and domain: management data. dstack's
+    // server polls the stats without a token; with its routes on, the API is loopback-only.
+    async (a, guard) =>
+      a.register(statsRoutes, { collector: stats, getState: async () => d.current().state, ...(dstackCompat ? {} : { guard }) }),
     async (a, guard) => a.register(metricsRoutes, { metrics, guard }),
     // The OpenAI-compatible API; entrypoint sites proxy here. Always token-checked.
     async (a) =>
@@ -73,5 +79,18 @@ export function gatewayRoutes(
         firstSeen,
         ...clock,
       }),
+    // dstack's gateway API: off unless asked for, since it mutates the document without a token.
+    ...(dstackCompat
+      ? [
+          dstackCompatRoutes({
+            store: d.store,
+            status: d.controller,
+            logger: d.logger,
+            replicaWaitS: options.dstackCompatReplicaWait,
+            tls: options.dstackCompatTls,
+            certbotTimeoutS: options.certbotTimeout,
+          }),
+        ]
+      : []),
   ];
 }

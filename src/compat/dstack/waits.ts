@@ -1,0 +1,149 @@
+// What a dstack call waits for after its write: the loops' status, never a guess. dstack's
+// server takes a 200 for "traffic can flow" (a registered replica) and a 400 for "give up on
+// this gateway"; so replicas/register answers once the replica's SSH tunnel is Ready at the
+// generation written, and an https registration once the domain's first certificate attempt
+// has an outcome. Every wait is bounded, ends when the daemon closes, and holds no lock: the
+// write queue moves on while a call waits.
+
+import type { Condition } from '../../reconcilers/conditions.js';
+import { findCondition } from '../../reconcilers/conditions.js';
+import type { StatusListener } from '../../reconcilers/controller.js';
+import { replicaObjectKey, SSH_LOOP, TLS_LOOP } from '../../reconcilers/outputs.js';
+import type { StatusSnapshot } from '../../reconcilers/types.js';
+
+/** What the waits read: the controller's status and its change feed. */
+export interface StatusSource {
+  statuses(): StatusSnapshot;
+  onStatus(listener: StatusListener): () => void;
+}
+
+export type Verdict = { kind: 'ready' } | { kind: 'failed'; reason: string };
+
+export type WaitResult = Verdict | { kind: 'closed' };
+
+/**
+ * Resolves with the first verdict `check` gives (at once, and after every status change), with
+ * `onTimeout()` after `timeoutMs`, or with `closed` when `signal` aborts.
+ */
+export function waitForStatus(
+  source: StatusSource,
+  check: (s: StatusSnapshot) => Verdict | undefined,
+  o: { timeoutMs: number; onTimeout: (s: StatusSnapshot) => Verdict; signal: AbortSignal },
+): Promise<WaitResult> {
+  return new Promise<WaitResult>((resolve) => {
+    let done = false;
+    const finish = (r: WaitResult): void => {
+      if (done) return;
+      done = true;
+      unsubscribe();
+      clearTimeout(timer);
+      o.signal.removeEventListener('abort', onAbort);
+      resolve(r);
+    };
+    const evaluate = (): void => {
+      if (done) return;
+      const v = check(source.statuses());
+      if (v !== undefined) finish(v);
+    };
+    const onAbort = (): void => finish({ kind: 'closed' });
+    const unsubscribe = source.onStatus(() => evaluate());
+    const timer = setTimeout(() => finish(o.onTimeout(source.statuses())), o.timeoutMs);
+    o.signal.addEventListener('abort', onAbort);
+    if (o.signal.aborted) onAbort();
+    evaluate();
+  });
+}
+
+/** Tunnel reasons that retrying will not fix: the answer is known at once. */
+const DEFINITIVE_REPLICA_REASONS = new Set(['AuthFailed', 'HostKeyMismatch', 'InvalidConfig']);
+
+function readyOf(s: StatusSnapshot, loop: string, key: string): Condition | undefined {
+  const obj = s.loops[loop]?.objects[key];
+  return obj ? findCondition(obj.conditions, 'Ready') : undefined;
+}
+
+/** The tunnel's own words without its retry schedule, which means nothing to dstack's user. */
+function tunnelMessage(c: Condition): string {
+  return (c.message ?? '').replace(/; retrying in [\d.]+ s$/, '') || c.reason || 'not ready';
+}
+
+/**
+ * A replica registered at `generation`: Ready there (the SSH loop held it at that generation
+ * or later, and its tunnel and app port answer), or a failure no retry will fix. Connect
+ * failures and an unreachable app port keep waiting: the tunnel retries by itself.
+ */
+export function replicaCheck(serviceKey: string, id: string, generation: number): (s: StatusSnapshot) => Verdict | undefined {
+  const key = replicaObjectKey(serviceKey, id);
+  return (s) => {
+    const ready = readyOf(s, SSH_LOOP, key);
+    if (ready === undefined || (ready.observedGeneration ?? -1) < generation) return undefined;
+    if (ready.status === 'True') return { kind: 'ready' };
+    if (DEFINITIVE_REPLICA_REASONS.has(ready.reason)) return { kind: 'failed', reason: `${ready.reason}: ${tunnelMessage(ready)}` };
+    return undefined;
+  };
+}
+
+/** After the bounded wait: the tunnel's last words, or that it never reported. */
+export function replicaTimeout(serviceKey: string, id: string, waitedS: number): (s: StatusSnapshot) => Verdict {
+  const key = replicaObjectKey(serviceKey, id);
+  return (s) => {
+    const ready = readyOf(s, SSH_LOOP, key);
+    const last = ready && ready.status !== 'True' ? `${ready.reason}: ${tunnelMessage(ready)}; ` : '';
+    return { kind: 'failed', reason: `${last}not ready within ${waitedS} s` };
+  };
+}
+
+/** Why a certificate could not be had, as the TLS loop reports it. */
+export type CertFailure = { kind: 'dns'; error: string | undefined } | { kind: 'issue'; error: string | undefined } | { kind: 'timeout' };
+
+export type CertVerdict = { kind: 'ready' } | { kind: 'failed'; failure: CertFailure };
+
+/** The error part of the TLS loop's failure figures (`failedAttempts 1; …; error <text>`). */
+function certError(c: Condition): string | undefined {
+  const m = /(?:^|; )error ([\s\S]*)$/.exec(c.message ?? '');
+  return m?.[1]?.replace(/\s+/g, ' ').trim() || undefined;
+}
+
+/**
+ * A domain whose https registration was written at `generation`: its certificate is served, or
+ * the TLS loop's pass at that generation or later reports that the attempt it knows of failed
+ * (the domain does not resolve, or certbot failed).
+ */
+export function certificateCheck(domain: string, generation: number): (s: StatusSnapshot) => CertVerdict | undefined {
+  return (s) => {
+    const ready = readyOf(s, TLS_LOOP, domain);
+    if (ready === undefined) return undefined;
+    if (ready.status === 'True') return { kind: 'ready' };
+    if ((ready.observedGeneration ?? -1) < generation) return undefined;
+    if (ready.reason === 'DNSNotReady') return { kind: 'failed', failure: { kind: 'dns', error: certError(ready) } };
+    if (ready.reason === 'IssueFailed') return { kind: 'failed', failure: { kind: 'issue', error: certError(ready) } };
+    return undefined;
+  };
+}
+
+/** waitForStatus for a certificate: the verdicts of certificateCheck, `timeout` when the bound passes. */
+export async function waitForCertificate(
+  source: StatusSource,
+  domain: string,
+  generation: number,
+  o: { timeoutMs: number; signal: AbortSignal },
+): Promise<CertVerdict | { kind: 'closed' }> {
+  let verdict: CertVerdict | undefined;
+  const check = certificateCheck(domain, generation);
+  const r = await waitForStatus(
+    source,
+    (s) => {
+      verdict = check(s);
+      return verdict === undefined ? undefined : verdict.kind === 'ready' ? { kind: 'ready' } : { kind: 'failed', reason: '' };
+    },
+    {
+      ...o,
+      onTimeout: () => {
+        verdict = { kind: 'failed', failure: { kind: 'timeout' } };
+        return { kind: 'failed', reason: '' };
+      },
+    },
+  );
+  if (r.kind === 'closed') return r;
+  return verdict ?? { kind: 'failed', failure: { kind: 'timeout' } };
+}
