@@ -31,11 +31,12 @@ export async function freePort(): Promise<number> {
 
 /**
  * A gateway with its private Nginx on free ports of 127.0.0.1, silent, with no resync pass
- * during a measurement.
+ * during a measurement. `flags` adds gateway options (e.g. `dstackCompat`).
  */
 export async function startBenchGateway(
   stateDir: string,
   deps: Omit<NonNullable<Parameters<typeof startGateway>[1]>, 'logger'> = {},
+  flags: Record<string, string> = {},
 ): Promise<{ gw: Gateway; httpPort: number; httpsPort: number }> {
   const [httpPort, httpsPort] = [await freePort(), await freePort()];
   const gw = await startGateway(
@@ -47,6 +48,7 @@ export async function startBenchGateway(
         httpsPort: String(httpsPort),
         listenHost: '127.0.0.1',
         resyncInterval: '3600',
+        ...flags,
       },
     }),
     { logger: pino({ level: 'silent' }), ...deps },

@@ -12,6 +12,7 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { balanceRows } from './balance.js';
 import { churnRows } from './churn.js';
+import { compatRows } from './compat.js';
 import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
 import { removalRows } from './removals.js';
@@ -35,6 +36,7 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'server-proxy', run: serverProxyRows },
   { name: 'removals', run: removalRows },
   { name: 'scale', run: scaleRows },
+  { name: 'compat', run: compatRows },
 ];
 
 const SECTION_FLAG = '--section';

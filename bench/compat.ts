@@ -1,0 +1,317 @@
+// The dstack compatibility routes driven as an unmodified dstack server drives its gateway: one
+// call at a time, each answer awaited before the next call. For every service `services/register`
+// (no https, no auth), then its `replicas/register` (one SSH replica: a loopback OpenSSH sshd that
+// every replica shares, one HTTP app behind it); then the time until every service's Host answers
+// 200 through Nginx. The project key is made as dstack makes it (RSA-2048, PKCS#8 PEM).
+//
+// Measured twice in the same run: as the gateway runs by default (reloads paced), and with the
+// pacing off (a reload per pass, as dstack reloads on every change): the baseline.
+// dstack's own gateway cannot run here (it installs from PyPI); its figures are the ones
+// published for two machines of this kind.
+//
+// DC1: 100 services (both modes). DC2 + DC3: 1,000 services (both modes), and the per-call
+// latencies of the paced run. DSTACK_PROXY_BENCH_ONLY=DC1* runs only the small one.
+// `node dist/bench/compat.js [services] [unpaced]` runs one round alone and prints its figures.
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import http from 'node:http';
+import os from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { dstackProjectKey, registerServicePayload, vmReplicaPayload } from '../test/compat/dstack/fixtures.js';
+import { startSshd, type TestSshd } from '../test/helpers/sshd.js';
+import { tmpDir } from '../test/helpers/tmp.js';
+import { freePort, startBenchGateway } from './gateway.js';
+import { percentile, wanted, type Row } from './table.js';
+
+const PROJECT = 'bench';
+/** dstack's server gives up on a gateway call after 120 s. */
+const CALL_TIMEOUT_MS = 120_000;
+/** After the last call, how long every Host may take to answer before the round fails. */
+const ANSWER_DEADLINE_MS = 120_000;
+/** Host checkers polling in parallel once the calls are done. */
+const CHECKERS = 16;
+
+/** dstack's gateway on two machines of this kind (published): seconds and reloads. */
+const DSTACK = {
+  100: { s: '17–34', reloads: 200 },
+  1000: { s: '305–538', reloads: 2000 },
+  /** p50 / p99 per call, ms, during the 1,000-service run. */
+  serviceRegisterMs: { p50: 37, p99: 54 },
+  replicaRegisterMs: { p50: 306, p99: 368 },
+} as const;
+
+interface Round {
+  services: number;
+  /** First call → last answer. */
+  callsMs: number;
+  /** First call → every Host answers 200 through Nginx. */
+  totalMs: number;
+  reloads: number;
+  serviceMs: number[];
+  replicaMs: number[];
+  load: { start: number; end: number };
+}
+
+interface Fixture {
+  /** The project key as dstack's server sends it in `ssh_private_key`. */
+  projectKey: string;
+  sshd: TestSshd;
+  appPort: number;
+  stop: () => Promise<void>;
+}
+
+/** The app every replica tunnels to: its own process, so the gateway's event loop is not shared with it. */
+const APP = `
+require('node:http').createServer((req, res) => { res.setHeader('content-type', 'text/plain'); res.end('ok'); })
+  .listen(Number(process.argv[1]), '127.0.0.1', () => process.send && process.send('up'));
+`;
+
+async function startFixture(): Promise<Fixture> {
+  const tmp = tmpDir('dp-bench-compat-');
+  const procs: ChildProcess[] = [];
+  try {
+    const { privateKey, publicKey } = dstackProjectKey();
+    const sshd = await startSshd({ dir: join(tmp.dir, 'sshd'), authorizedKeys: [publicKey] });
+    const appPort = await freePort();
+    const app = spawn(process.execPath, ['-e', APP, String(appPort)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] });
+    procs.push(app);
+    await new Promise((r) => app.once('message', r));
+    return {
+      projectKey: privateKey,
+      sshd,
+      appPort,
+      stop: async () => {
+        for (const p of procs) p.kill();
+        await sshd.stop();
+        tmp.cleanup();
+      },
+    };
+  } catch (err) {
+    for (const p of procs) p.kill();
+    tmp.cleanup();
+    throw err;
+  }
+}
+
+const runName = (i: number): string => `svc-${i}`;
+const domainOf = (i: number): string => `${runName(i)}.bench.gw.test`;
+
+/** `register_service`'s payload for a plain service: no model, no https, no auth, no rate limits. */
+function registerServiceBody(i: number, projectKey: string): unknown {
+  return registerServicePayload({
+    runName: runName(i),
+    domain: domainOf(i),
+    project: PROJECT,
+    https: false,
+    auth: false,
+    model: null,
+    sshPrivateKey: projectKey,
+    extra: {},
+  });
+}
+
+/** `register_replica`'s payload for a job on a VM (not dockerized): `user@host` and the VM's sshd port. */
+function registerReplicaBody(f: Fixture): unknown {
+  return vmReplicaPayload({ appPort: f.appPort, user: f.sshd.user, host: '127.0.0.1', sshPort: f.sshd.port, extra: {} });
+}
+
+/** One call; the elapsed ms. Anything but 200 `{"status":"ok"}` ends the round: the server would have marked it failed. */
+async function call(url: string, body: unknown): Promise<number> {
+  const t = performance.now();
+  const r = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(CALL_TIMEOUT_MS),
+  });
+  const text = await r.text();
+  const ms = performance.now() - t;
+  if (r.status !== 200) {
+    const hint = r.status === 404 ? ' (are the dstack compatibility routes on? --dstack-compat true)' : '';
+    throw new Error(`POST ${new URL(url).pathname}: ${r.status} ${text.slice(0, 300)}${hint}`);
+  }
+  return ms;
+}
+
+function get(port: number, host: string, agent: http.Agent): Promise<number> {
+  return new Promise((resolve) => {
+    const req = http.get({ host: '127.0.0.1', port, path: '/', headers: { host }, agent }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode ?? 0));
+    });
+    req.on('error', () => resolve(0));
+  });
+}
+
+/** Every Host answers 200 through Nginx (CHECKERS in parallel, each polling its host until it does). */
+async function allAnswer(httpPort: number, hosts: string[], deadline: number): Promise<void> {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: CHECKERS });
+  let next = 0;
+  const pending = new Set(hosts);
+  try {
+    await Promise.all(
+      Array.from({ length: CHECKERS }, async () => {
+        while (next < hosts.length) {
+          const host = hosts[next++]!;
+          while ((await get(httpPort, host, agent)) !== 200) {
+            if (performance.now() > deadline)
+              throw new Error(`${pending.size} of ${hosts.length} hosts still not answering 200 (e.g. ${host})`);
+            await new Promise((r) => setTimeout(r, 5));
+          }
+          pending.delete(host);
+        }
+      }),
+    );
+  } finally {
+    agent.destroy();
+  }
+}
+
+/** One round: a fresh gateway, `services` services registered and answering, then closed. */
+async function registerRound(f: Fixture, services: number, minReloadIntervalMs: number | undefined): Promise<Round> {
+  const tmp = tmpDir('dp-bench-compat-gw-');
+  const { gw, httpPort } = await startBenchGateway(
+    join(tmp.dir, 'state'),
+    minReloadIntervalMs !== undefined ? { nginxLoop: { minReloadIntervalMs } } : {},
+    { dstackCompat: 'true' },
+  );
+  try {
+    const registry = `${gw.apiUrl}/api/registry/${PROJECT}/services`;
+    const serviceMs: number[] = [];
+    const replicaMs: number[] = [];
+    const load0 = os.loadavg()[0]!;
+    const reloads0 = gw.nginxStats.reloads;
+    const t0 = performance.now();
+    for (let i = 0; i < services; i++) {
+      serviceMs.push(await call(`${registry}/register`, registerServiceBody(i, f.projectKey)));
+      replicaMs.push(await call(`${registry}/${runName(i)}/replicas/register`, registerReplicaBody(f)));
+    }
+    const callsMs = performance.now() - t0;
+    await allAnswer(
+      httpPort,
+      Array.from({ length: services }, (_, i) => domainOf(i)),
+      performance.now() + ANSWER_DEADLINE_MS,
+    );
+    const totalMs = performance.now() - t0;
+    await gw.controller.whenIdle();
+    return {
+      services,
+      callsMs,
+      totalMs,
+      reloads: gw.nginxStats.reloads - reloads0,
+      serviceMs,
+      replicaMs,
+      load: { start: load0, end: os.loadavg()[0]! },
+    };
+  } finally {
+    await gw.close();
+    tmp.cleanup();
+  }
+}
+
+const perSecond = (r: Round): number => r.reloads / (r.callsMs / 1000);
+const loadNote = (r: Round): string => `${r.load.start.toFixed(2)} → ${r.load.end.toFixed(2)}`;
+
+/** DC1/DC2 (time, reloads) for one size, ours against the unpaced baseline of the same run. */
+function sizeRows(id: string, ours: Round, unpaced: Round, targetS: number): Row[] {
+  const n = ours.services;
+  const dstack = DSTACK[n as 100 | 1000];
+  const baselineName = 'no reload pacing (a reload per pass, as dstack)';
+  return [
+    {
+      id,
+      name: `${n.toLocaleString('en-US')} services × 1 SSH replica through the dstack routes, one call at a time: first call → every host answers (dstack's gateway: ${dstack.s} s)`,
+      value: ours.totalMs / 1000,
+      unit: 's',
+      target: `≤ ${targetS} s`,
+      ok: ours.totalMs <= targetS * 1000,
+      baseline: { name: baselineName, value: unpaced.totalMs / 1000, measured: 'same run' },
+      better: 'lower',
+      // The machine may be shared: a load that moved between the two rounds moves their ratio too.
+      note: `calls took ${(ours.callsMs / 1000).toFixed(1)} s (no pacing: ${(unpaced.callsMs / 1000).toFixed(1)} s); load avg (1 min, 2 cores) ${loadNote(ours)} (no pacing: ${loadNote(unpaced)})`,
+    },
+    {
+      id: `${id}r`,
+      name: `Nginx reloads for those ${(2 * n).toLocaleString('en-US')} calls (dstack's gateway: ${dstack.reloads.toLocaleString('en-US')})`,
+      value: ours.reloads,
+      unit: 'reloads',
+      // The first change is applied at once, then at most one reload a second.
+      target: `≤ 1 per second of calls, + the first (${Math.ceil(ours.callsMs / 1000) + 1})`,
+      ok: ours.reloads <= Math.ceil(ours.callsMs / 1000) + 1,
+      baseline: { name: baselineName, value: unpaced.reloads, measured: 'same run' },
+      better: 'lower',
+      note: `${perSecond(ours).toFixed(2)} reloads per second of calls (no pacing: ${perSecond(unpaced).toFixed(2)})`,
+    },
+  ];
+}
+
+/** DC3: per-call latency during the 1,000-service paced round, against dstack's published figures. */
+function latencyRows(r: Round): Row[] {
+  const n = r.services.toLocaleString('en-US');
+  const row = (id: string, what: string, ms: number[], p: 50 | 99, dstackMs: number): Row => ({
+    id,
+    name: `${what} p${p}, one call at a time (${n} services)`,
+    value: percentile(ms, p),
+    unit: 'ms',
+    baseline: { name: "dstack's gateway", value: dstackMs, measured: 'published' },
+    better: 'lower',
+    // Whether a call costs more as the document grows: the first and the last hundred calls.
+    note: `p${p} of the first 100 calls ${percentile(ms.slice(0, 100), p).toFixed(0)} ms, of the last 100 ${percentile(ms.slice(-100), p).toFixed(0)} ms`,
+  });
+  return [
+    row('DC3s', 'services/register', r.serviceMs, 50, DSTACK.serviceRegisterMs.p50),
+    row('DC3s99', 'services/register', r.serviceMs, 99, DSTACK.serviceRegisterMs.p99),
+    row('DC3r', 'replicas/register (answers once the replica is Ready)', r.replicaMs, 50, DSTACK.replicaRegisterMs.p50),
+    row('DC3r99', 'replicas/register (answers once the replica is Ready)', r.replicaMs, 99, DSTACK.replicaRegisterMs.p99),
+  ];
+}
+
+export async function compatRows(): Promise<Row[]> {
+  const small = ['DC1', 'DC1r'].some((id) => wanted(id));
+  const large = ['DC2', 'DC2r', 'DC3s', 'DC3s99', 'DC3r', 'DC3r99'].some((id) => wanted(id));
+  if (!small && !large) return [];
+  const f = await startFixture();
+  const rows: Row[] = [];
+  try {
+    // The unpaced baseline first, then ours: whatever the first round warms (sshd, page cache)
+    // favours the baseline, not us.
+    if (small) {
+      const unpaced = await registerRound(f, 100, 0);
+      const ours = await registerRound(f, 100, undefined);
+      rows.push(...sizeRows('DC1', ours, unpaced, 10));
+    }
+    if (large) {
+      const unpaced = await registerRound(f, 1000, 0);
+      const ours = await registerRound(f, 1000, undefined);
+      rows.push(...sizeRows('DC2', ours, unpaced, 100), ...latencyRows(ours));
+    }
+  } finally {
+    await f.stop();
+  }
+  return rows;
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const services = Number(process.argv[2] ?? 100);
+  const f = await startFixture();
+  try {
+    const r = await registerRound(f, services, process.argv[3] === 'unpaced' ? 0 : undefined);
+    const p = (xs: number[]) => ({ p50: +percentile(xs, 50).toFixed(1), p99: +percentile(xs, 99).toFixed(1) });
+    process.stdout.write(
+      `${JSON.stringify({
+        services,
+        mode: process.argv[3] === 'unpaced' ? 'unpaced' : 'paced',
+        callsS: +(r.callsMs / 1000).toFixed(2),
+        totalS: +(r.totalMs / 1000).toFixed(2),
+        reloads: r.reloads,
+        reloadsPerSecondOfCalls: +perSecond(r).toFixed(2),
+        serviceRegisterMs: p(r.serviceMs),
+        replicaRegisterMs: p(r.replicaMs),
+        load: r.load,
+      })}\n`,
+    );
+  } finally {
+    await f.stop();
+  }
+}
