@@ -3,7 +3,7 @@
 // over it.
 
 import { setCondition, type Condition, type ConditionInput } from './conditions.js';
-import type { FailureInfo, LoopStatus, Outputs, StatusWriter } from './types.js';
+import type { FailureInfo, LoopStatus, ObjectStatus, Outputs, StatusWriter } from './types.js';
 
 interface Entry {
   conditions: readonly Condition[];
@@ -43,7 +43,7 @@ export class StatusStore {
     const entry = this.#objects.get(key);
     const { conditions, changed } = setCondition(entry?.conditions ?? [], cond, this.#now());
     if (!changed) return;
-    this.#objects.set(key, entry?.outputs === undefined ? { conditions } : { conditions, outputs: entry.outputs });
+    this.#objects.set(key, frozenEntry(conditions, entry?.outputs));
     this.#onChange();
   }
 
@@ -52,7 +52,7 @@ export class StatusStore {
     if (sameOutputs(entry?.outputs, outputs)) return;
     const conditions = entry?.conditions ?? [];
     if (outputs === undefined && conditions.length === 0) this.#objects.delete(key);
-    else this.#objects.set(key, outputs === undefined ? { conditions } : { conditions, outputs: Object.freeze({ ...outputs }) });
+    else this.#objects.set(key, frozenEntry(conditions, outputs === undefined ? undefined : Object.freeze({ ...outputs })));
     this.#onChange();
   }
 
@@ -81,26 +81,25 @@ export class StatusStore {
   }
 
   /**
-   * A deep copy, objects sorted by key. Copying every object is linear in the loop's objects, and
-   * every pass of every loop and every status listener asks; so one copy serves them all until the
-   * next write. Readers never change what they get (the object map is frozen to hold them to it).
+   * Every object's status, sorted by key. Every pass of every loop and every status listener
+   * asks, so the copy is shallow and made once per write: the entries it shares are never
+   * changed once stored (a write stores a new, frozen entry), and the map is frozen too.
    */
   snapshot(failures: Record<string, FailureInfo>): LoopStatus {
     if (this.#copy === null) {
       const keys = [...this.#objects.keys()].sort();
-      this.#copy = structuredClone({
-        conditions: [...this.#conditions],
-        objects: Object.fromEntries(
-          keys.map((k) => {
-            const e = this.#objects.get(k)!;
-            return [k, e.outputs === undefined ? { conditions: [...e.conditions] } : { conditions: [...e.conditions], outputs: e.outputs }];
-          }),
-        ),
-      });
-      Object.freeze(this.#copy.objects);
+      const objects: Record<string, ObjectStatus> = {};
+      for (const k of keys) objects[k] = this.#objects.get(k)! as ObjectStatus;
+      this.#copy = { conditions: [...this.#conditions], objects: Object.freeze(objects) };
     }
-    return { conditions: this.#copy.conditions, objects: this.#copy.objects, failures: structuredClone(failures) };
+    return { conditions: [...this.#copy.conditions], objects: this.#copy.objects, failures: structuredClone(failures) };
   }
+}
+
+/** Stored entries are shared by every snapshot: never changed, replaced on a write. */
+function frozenEntry(conditions: readonly Condition[], outputs: Outputs | undefined): Entry {
+  Object.freeze(conditions);
+  return Object.freeze(outputs === undefined ? { conditions } : { conditions, outputs });
 }
 
 function sameOutputs(a: Outputs | undefined, b: Outputs | undefined): boolean {
