@@ -70,7 +70,7 @@ function normaliseService(s: ServiceInput): Service {
   if (s.routerAllowlist === true) out.routerAllowlist = true;
   if (s.readTimeout !== undefined) out.readTimeout = s.readTimeout;
   if (s.model) out.model = normaliseModel(s.model);
-  return reorder(out, SERVICE_KEYS);
+  return orderServiceKeys(out);
 }
 
 const SERVICE_KEYS = [
@@ -89,6 +89,11 @@ const SERVICE_KEYS = [
   'model',
   'replicas',
 ] as const;
+
+/** A service with its keys in the normalised order (a spread puts a changed key last). */
+export function orderServiceKeys(s: Service): Service {
+  return reorder(s, SERVICE_KEYS);
+}
 
 function normaliseRateLimit(r: RateLimitInput): RateLimit {
   const key: RateLimit['key'] =

@@ -25,7 +25,7 @@ import {
   type Service,
   type SshProxyHop,
 } from '../../spec/index.js';
-import { compareServices } from '../../spec/normalise.js';
+import { compareServices, orderServiceKeys } from '../../spec/normalise.js';
 import {
   DSTACK_OWNER,
   type Call,
@@ -264,7 +264,7 @@ function setServiceId(current: ProxyState, project: string, run: string, id: str
   if (old.id === wanted) return SAME;
   if (old.id !== undefined) return refused(texts.serviceAlreadyHasId(project, run));
   const next = services.slice();
-  const updated = reorderService({ ...old, id: wanted });
+  const updated = orderServiceKeys({ ...old, id: wanted });
   next[at.index] = updated;
   return changed(current, { services: next }, { services: [updated], projects: [project] });
 }
@@ -440,28 +440,4 @@ function hasReplica(replicas: readonly Replica[], id: string): boolean {
 
 function findProject(projects: readonly Project[], name: string): Position {
   return search(projects, (p) => (p.name < name ? -1 : p.name > name ? 1 : 0));
-}
-
-const SERVICE_KEYS = [
-  'project',
-  'run',
-  'id',
-  'owner',
-  'domain',
-  'routerAllowlist',
-  'readTimeout',
-  'https',
-  'auth',
-  'clientMaxBodySize',
-  'stripPrefix',
-  'rateLimits',
-  'model',
-  'replicas',
-] as const;
-
-/** A service object in normalise()'s key order (a spread puts a new key last). */
-function reorderService(s: Service): Service {
-  const out: Record<string, unknown> = {};
-  for (const k of SERVICE_KEYS) if (s[k] !== undefined) out[k] = s[k];
-  return out as unknown as Service;
 }
