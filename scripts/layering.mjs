@@ -121,10 +121,18 @@ export const LAYERS = [
     ],
   },
   {
+    name: 'host',
+    paths: ['src/host/'],
+    holds:
+      'the gateway host: blue/green slots, the pinned runtime, the service unit and scripts, install, update with rollback, adoption of a dstack gateway',
+    mayImport: ['daemon', 'state', 'spec', 'ground'],
+  },
+  {
     name: 'cli',
     paths: ['src/cli/'],
     holds: 'the commands',
     mayImport: [
+      'host',
       'daemon',
       'compat',
       'api',

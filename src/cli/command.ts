@@ -13,6 +13,8 @@ export interface Command {
   summary: string;
   help: string;
   run(argv: string[], io: Io): Promise<number>;
+  /** The command reads --help itself (a command with verbs, whose verbs have their own help). */
+  ownHelp?: boolean;
 }
 
 /** Exit code for usage errors (bad flags, missing arguments). */

@@ -4,12 +4,13 @@ import type { Command, Io } from './command.js';
 import { EXIT_USAGE, UsageError } from './command.js';
 import { applyCommand } from './apply.js';
 import { gatewayCommand } from './gateway.js';
+import { hostCommand } from './host.js';
 import { planCommand } from './plan.js';
 import { serverProxyCommand } from './server-proxy.js';
 import { statusCommand } from './status.js';
 import { validateCommand } from './validate.js';
 
-const COMMANDS: Command[] = [gatewayCommand, serverProxyCommand, validateCommand, planCommand, applyCommand, statusCommand];
+const COMMANDS: Command[] = [gatewayCommand, serverProxyCommand, validateCommand, planCommand, applyCommand, statusCommand, hostCommand];
 
 function usage(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));
@@ -33,7 +34,7 @@ export async function main(argv: string[], io: Io): Promise<number> {
     io.stderr(`dstack-proxy: unknown command "${name}"\n\n${usage()}`);
     return EXIT_USAGE;
   }
-  if (rest.includes('--help') || rest.includes('-h')) {
+  if (!command.ownHelp && (rest.includes('--help') || rest.includes('-h'))) {
     io.stdout(`${command.help}\n`);
     return 0;
   }

@@ -4,7 +4,6 @@
 import type { Logger } from 'pino';
 import { ProxyError } from '../errors.js';
 import { openPostgresStore, type PostgresStoreOptions } from './postgres-store.js';
-import { openSqliteStore } from './sqlite-store.js';
 import { openWatchedFileStore } from './watched-file-store.js';
 import type { WatchedStateStore } from './watched-store.js';
 
@@ -53,12 +52,28 @@ export function openStore(url: string, options: OpenStoreOptions = {}): Promise<
   };
   switch (where.kind) {
     case 'sqlite':
-      return openSqliteStore({ path: where.path, ...common });
+      return openSqlite(where.path, common);
     case 'postgres':
       return openPostgresStore({ ...options.postgres, connectionString: where.connectionString, ...common });
     case 'file':
       return openWatchedFileStore({ stateDir: where.stateDir, ...common });
   }
+}
+
+// SQLite is an optional dependency: a gateway host installs without the native addon (no
+// compiler, seconds instead of minutes), so it is loaded only when a sqlite: URL asks for it.
+async function openSqlite(file: string, common: Omit<OpenStoreOptions, 'postgres'>): Promise<WatchedStateStore> {
+  let module: typeof import('./sqlite-store.js');
+  try {
+    module = await import('./sqlite-store.js');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ERR_MODULE_NOT_FOUND') throw err;
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      'SQLite support is not installed (the optional dependency better-sqlite3); install it or use postgres:// or a state directory',
+    );
+  }
+  return module.openSqliteStore({ path: file, ...common });
 }
 
 /** The URL with any password replaced, for logs and error messages. */

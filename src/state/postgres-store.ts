@@ -9,7 +9,7 @@ import type { Logger } from 'pino';
 import { ProxyError } from '../errors.js';
 import { emptyState, hashSpec, type ProxyState } from '../spec/index.js';
 import { PgListener } from './postgres-listener.js';
-import { mismatch } from './sqlite-store.js';
+import { mismatch } from './store.js';
 import type { StoredState, WriteOptions, WriteResult } from './store.js';
 import { RowTracker, documentOf, type ChangeListener, type RawRow, type StoreHealth, type WatchedStateStore } from './watched-store.js';
 import { Watching } from './watching.js';

@@ -6,6 +6,7 @@
 import { closeSync, mkdirSync, openSync, chmodSync, existsSync } from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
+import { mismatch } from './store.js';
 import type { Logger } from 'pino';
 import { ProxyError } from '../errors.js';
 import { emptyState, hashSpec, type ProxyState } from '../spec/index.js';
@@ -229,8 +230,4 @@ function storageError(file: string, err: unknown): unknown {
     { file, errno: code },
     { cause: err },
   );
-}
-
-export function mismatch(ifMatch: number, generation: number): ProxyError {
-  return new ProxyError('DP_ERR_GENERATION_MISMATCH', `If-Match is ${ifMatch}; the current generation is ${generation}`, { generation });
 }

@@ -2,6 +2,7 @@
 // The gateway keeps it in state.json (file-store.ts); the in-server proxy in SQLite or
 // PostgreSQL behind the same interface.
 
+import { ProxyError } from '../errors.js';
 import type { ProxyState } from '../spec/index.js';
 
 export interface StoredState {
@@ -28,4 +29,9 @@ export interface StateStore {
   /** An equal hash is a no-op: nothing written, generation kept, `changed: false`. */
   write(state: ProxyState, options?: WriteOptions): Promise<WriteResult>;
   close(): Promise<void>;
+}
+
+/** The error of a conditional write whose If-Match is not the current generation. */
+export function mismatch(ifMatch: number, generation: number): ProxyError {
+  return new ProxyError('DP_ERR_GENERATION_MISMATCH', `If-Match is ${ifMatch}; the current generation is ${generation}`, { generation });
 }
