@@ -96,6 +96,8 @@ export interface HostSettings {
   unitDir: string;
   /** argv prefix for systemctl: `["systemctl"]`, or a daemonless replacement with its flags. */
   systemctl: string[];
+  /** Where the runtime packages are downloaded from (an npm registry base URL); absent = the public registry. */
+  runtimeFrom?: string;
 }
 
 /** The active slot, or undefined on a host with no `version` file yet. */
