@@ -56,7 +56,8 @@ export async function prepareGatewayHost(options: GatewayOptions, logger: Logger
   // certbot's EAB config files (the HMAC key) that a crash during a run left behind.
   const certbotDirs = certbotDirsUnder(options.certbotDir ? resolve(options.certbotDir) : join(stateDir, 'certbot'));
   // Only the config dir is shared with a certbot that ran before us (/etc/letsencrypt: its
-  // accounts and lineages); its work and logs dirs stay ours.
+  // accounts and lineages); its work and logs dirs stay ours. The TLS loop serves any valid
+  // lineage it finds there, whoever obtained it, and renews it in place (--cert-name <domain>).
   if (options.certbotConfigDir) certbotDirs.configDir = resolve(options.certbotConfigDir);
   await removeEabLeftovers(certbotDirs.workDir);
   const common = { stateDir, workerDirs, accessLog, internal, certbotDirs };

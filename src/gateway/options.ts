@@ -166,7 +166,7 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
   certbotDir: {
     kind: 'string',
     default: undefined,
-    help: "certbot's config/work/logs dirs go under this dir; default <state-dir>/certbot (use /etc/letsencrypt-style dirs in system mode)",
+    help: "certbot's config (unless --certbot-config-dir), work and logs dirs go under this dir; default <state-dir>/certbot",
   },
   certbotConfigDir: {
     kind: 'string',

@@ -97,8 +97,11 @@ export function renderGlobal(v: GlobalView): string {
 /**
  * Without our public default server the distribution's default site answers unknown hosts on
  * the public ports (a load balancer's health check), and every domain's ACME challenge is
- * served by its own site (acmeLocation). The internal listener clashes with nobody: its own
- * default server keeps it bound, and 404 for unknown hosts, while no service has a site yet.
+ * served by its own site (acmeLocation), which is rendered, HTTP only, as soon as the domain is
+ * in the document: only a certbot run that reached validation before that reload would miss
+ * it, and it is retried on the backoff schedule. An unknown TLS server name gets the first of
+ * our HTTPS sites instead of a refused handshake. The internal listener clashes with nobody:
+ * its own default server keeps it bound, and 404 for unknown hosts, while no service has a site.
  */
 function internalDefaultServer(v: GlobalView): Lines {
   if (!v.listenInternal) return [];
