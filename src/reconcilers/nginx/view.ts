@@ -33,7 +33,11 @@ export interface ViewOptions {
   certFor?: (domain: string) => CertPaths | null;
   /** Default: the service's `direct` replicas; SSH replicas are skipped. */
   upstreamFor?: (service: Service) => UpstreamTarget;
-  /** Render a default server (404 on HTTP, handshake rejected on HTTPS). Default true. */
+  /**
+   * Render a default server (404 on HTTP, handshake rejected on HTTPS). false leaves the public
+   * ports' default to another site (the distribution's); the internal listener keeps its own.
+   * Default true.
+   */
   defaultServer?: boolean;
   /** Put server_names_hash_* in the global file (when the main conf doesn't). Default false. */
   serverNamesHash?: boolean;
