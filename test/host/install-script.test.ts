@@ -384,7 +384,7 @@ describe('dstack-proxy-install install', () => {
       const args = ['install', '--root', join(dir, 'root'), '--runtime-from', empty.url];
       const first = await runScript(args, { env });
       expect(first.stderr).toContain('dstack-proxy-install: installing certbot openssl from the distribution');
-      expect(first.stderr).toMatch(/^dstack-proxy-install: download of .* failed$/m);
+      expect(first.stderr).toMatch(/^dstack-proxy-install: download of .* failed: .*404.*$/m);
       expect(first.code).toBe(1);
       expect(readFileSync(log, 'utf8')).toBe(
         'DEBIAN_FRONTEND=noninteractive update -qq\nDEBIAN_FRONTEND=noninteractive install -y -qq certbot openssl\n',
