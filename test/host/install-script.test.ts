@@ -328,6 +328,19 @@ describe('dstack-proxy-install install', () => {
     // No staging directory left beside the slots.
     expect(readdirSync(root).sort()).toEqual(['blue', 'runtime']);
 
+    // The copy shipped in the package (its second bin) is what host update runs for the
+    // runtime: it finds the runtime in place and downloads nothing.
+    const shipped = join(blue, 'node_modules', '.bin', 'dstack-proxy-install');
+    expect(readlinkSync(shipped)).toBe('../dstack-proxy/host/dstack-proxy-install');
+    const hitsBefore = new Map(registry.hits);
+    const runtime = await new Promise<string>((resolve, reject) =>
+      execFile(shipped, ['runtime', '--root', root, '--runtime-from', registry.url], (error, stdout) =>
+        error ? reject(error) : resolve(stdout),
+      ),
+    );
+    expect(runtime).toBe(`${NODE_DIR}\n`);
+    expect(registry.hits).toEqual(hitsBefore);
+
     // What host install does once it succeeds: the active slot is named in `version`. From then
     // on install leaves the slot alone (changes go through update) and hands over again; a stub
     // in place of the CLI records the exact argv it was given.
