@@ -6,7 +6,7 @@
 // What may change what:
 //   config.yaml   from --config when given; else an existing one is kept; else a default
 //   host.json     the unit name, unit dir, systemctl argv and runtime source of this install
-//   slot.json     the slot's package and runtime (kept, with its time, while they are the same)
+//   slot.json     the slot's package, runtime and install time, when the slot has none yet
 //   version       written only when missing: an install never switches an existing host's slot
 //   start, update the scripts the unit and dstack's server run
 //   the unit      <unit-dir>/<name>.service
@@ -20,17 +20,7 @@ import { ProxyError } from '../errors.js';
 import { writeAtomic } from '../write-atomic.js';
 import type { GatewayOptions } from '../gateway/options.js';
 import { readGatewayConfig, readyUrl } from './gateway-config.js';
-import {
-  hostPaths,
-  readActive,
-  readSlot,
-  slotCli,
-  slotInfoFile,
-  slotNode,
-  type HostSettings,
-  type Slot,
-  type SlotRecord,
-} from './layout.js';
+import { hostPaths, readActive, readSlot, slotCli, slotInfoFile, slotNode, type HostSettings, type Slot } from './layout.js';
 import { ensureNginxConf } from './nginx-conf.js';
 import { waitReady } from './readiness.js';
 import {
@@ -110,12 +100,12 @@ export async function installHost(o: InstallOptions): Promise<InstallReport> {
   const startText = renderStartScript(root);
   const updateText = renderUpdateScript(root);
   const configText = await chooseConfig(paths.configFile, o.configFile, root);
-  const previousRecord = await readJson<Partial<SlotRecord>>(slotInfoFile(root, o.slot));
-  const record: SlotRecord =
-    previousRecord?.package === o.package && previousRecord.runtime === o.runtime && typeof previousRecord.installedAt === 'string'
-      ? { package: o.package, runtime: o.runtime, installedAt: previousRecord.installedAt }
-      : { package: o.package, runtime: o.runtime, installedAt: (o.now ?? (() => new Date()))().toISOString() };
-  const recordText = renderSlotRecord(record);
+  // slot.json describes what the bootstrap (or an update) put into the slot; a rerun of the
+  // bootstrap keeps an installed slot as it is, so an existing record stays true and is kept.
+  const recordFile = slotInfoFile(root, o.slot);
+  const recordText = existsSync(recordFile)
+    ? await readFile(recordFile, 'utf8')
+    : renderSlotRecord({ package: o.package, runtime: o.runtime, installedAt: (o.now ?? (() => new Date()))().toISOString() });
 
   const files: Record<string, FileOutcome> = {};
   const put = async (path: string, text: string, mode: number, check?: (temp: string) => void): Promise<FileOutcome> => {
@@ -128,7 +118,7 @@ export async function installHost(o: InstallOptions): Promise<InstallReport> {
   const configOutcome = await put(paths.configFile, configText, 0o600, (temp) => void readGatewayConfig(temp));
   const options = readGatewayConfig(paths.configFile);
   await put(paths.hostFile, hostText, 0o600);
-  const recordOutcome = await put(slotInfoFile(root, o.slot), recordText, 0o644);
+  const recordOutcome = await put(recordFile, recordText, 0o644);
   const previousActive = await readActive(root);
   if (previousActive === undefined) await put(paths.versionFile, `${o.slot}\n`, 0o644);
   const active = previousActive ?? o.slot;
@@ -159,7 +149,7 @@ export async function installHost(o: InstallOptions): Promise<InstallReport> {
     unitOutcome !== 'unchanged' ||
     startOutcome !== 'unchanged' ||
     configOutcome !== 'unchanged' ||
-    (recordOutcome !== 'unchanged' && active === o.slot)
+    (recordOutcome === 'created' && active === o.slot)
   ) {
     await run(['restart', unit]);
   }
@@ -235,14 +225,6 @@ export async function writeIfChanged(path: string, text: string, mode: number, c
     },
   });
   return current === undefined ? 'created' : 'updated';
-}
-
-async function readJson<T>(file: string): Promise<T | undefined> {
-  try {
-    return JSON.parse(await readFile(file, 'utf8')) as T;
-  } catch {
-    return undefined;
-  }
 }
 
 function oneLine(s: string): string {

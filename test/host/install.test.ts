@@ -4,8 +4,7 @@
 // temporary unit tree, the gateway on its private Nginx on loopback ports. One install is
 // shared by the cases; a second run must change nothing.
 
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { execa } from 'execa';
@@ -16,9 +15,6 @@ import { INSTALL_SCRIPT, packTarball, runtimePackages, startRuntimeRegistry, sys
 
 const asRoot = process.getuid?.() === 0;
 const UNIT = 'dstack-proxy-test';
-// The bootstrap script is real once its body is there; until then the test prepares the root
-// the way it does (runtime extracted under runtime/, the package npm-installed into blue).
-const SCRIPT_READY = existsSync(INSTALL_SCRIPT) && !readFileSync(INSTALL_SCRIPT, 'utf8').includes('not built yet');
 
 interface Run {
   exitCode: number;
@@ -39,39 +35,6 @@ let ports: { api: number; http: number; https: number };
 let first: Run;
 let pkgVersion: string;
 const runtime = asRoot ? runtimePackages() : undefined;
-
-/** What the bootstrap script does before it hands over, for as long as it is not there yet. */
-function prepareRoot(): void {
-  const { node, npm } = runtime!;
-  const nodeDir = join(root, 'runtime', `node-${node.version}`);
-  const npmDir = join(root, 'runtime', `npm-${npm.version}`);
-  for (const [file, dir] of [
-    [node.file, nodeDir],
-    [npm.file, npmDir],
-  ] as const) {
-    mkdirSync(dir, { recursive: true });
-    execFileSync('tar', ['xzf', file, '--strip-components=1', '-C', dir]);
-  }
-  const slot = join(root, 'blue');
-  mkdirSync(slot, { recursive: true });
-  execFileSync(
-    join(nodeDir, 'bin', 'node'),
-    [
-      join(npmDir, 'bin', 'npm-cli.js'),
-      'install',
-      '--prefix',
-      slot,
-      '--omit=dev',
-      '--omit=optional',
-      '--no-audit',
-      '--no-fund',
-      '--loglevel=error',
-      tarball,
-    ],
-    { stdio: 'pipe', env: { ...process.env, PATH: `${join(nodeDir, 'bin')}:${process.env.PATH}` } },
-  );
-  symlinkSync(join('..', 'runtime', `node-${node.version}`, 'bin', 'node'), join(slot, 'node'));
-}
 
 /** What the script passes through to `host install` unchanged. */
 function tailArgs(): string[] {
@@ -103,34 +66,28 @@ function installArgs(): string[] {
   ];
 }
 
-/** The install as the host runs it: the script when it exists, else the slot's own CLI after prepareRoot. */
+/** The install as a host runs it: the bootstrap script, which hands over to the slot's `host install`. */
 async function install(): Promise<Run> {
   const start = Date.now();
-  const r = SCRIPT_READY
-    ? await execa(
-        'sh',
-        [
-          INSTALL_SCRIPT,
-          'install',
-          '--root',
-          root,
-          '--skip-packages',
-          '--package',
-          tarball,
-          '--runtime-from',
-          registry.url,
-          '--config',
-          configFile,
-          '--',
-          ...tailArgs(),
-        ],
-        { reject: false, stdin: 'ignore', timeout: 300_000 },
-      )
-    : await execa(join(root, 'blue', 'node'), [cliOf('blue'), 'host', 'install', ...installArgs()], {
-        reject: false,
-        stdin: 'ignore',
-        timeout: 300_000,
-      });
+  const r = await execa(
+    'sh',
+    [
+      INSTALL_SCRIPT,
+      'install',
+      '--root',
+      root,
+      '--skip-packages',
+      '--package',
+      tarball,
+      '--runtime-from',
+      registry.url,
+      '--config',
+      configFile,
+      '--',
+      ...tailArgs(),
+    ],
+    { reject: false, stdin: 'ignore', timeout: 300_000 },
+  );
   return { exitCode: r.exitCode ?? 1, stdout: String(r.stdout), stderr: String(r.stderr), ms: Date.now() - start };
 }
 
@@ -222,13 +179,8 @@ describe.runIf(asRoot)('host install (daemonless systemctl, private Nginx)', () 
         '',
       ].join('\n'),
     );
-    const start = Date.now();
-    if (!SCRIPT_READY) prepareRoot();
     first = await install();
-    first.ms = Date.now() - start;
-    process.stderr.write(
-      `host install: fresh install ${first.ms} ms (${SCRIPT_READY ? 'the install script' : 'prepared root + host install'})\n`,
-    );
+    process.stderr.write(`host install: a fresh install took ${first.ms} ms (script start to ready)\n`);
     if (first.exitCode !== 0) process.stderr.write(`${first.stdout}\n${first.stderr}\n`);
     gatewayPid = await listener(ports.api);
   }, 600_000);
@@ -253,6 +205,8 @@ describe.runIf(asRoot)('host install (daemonless systemctl, private Nginx)', () 
     expect(first.stdout).toMatch(/created\s+\S+\/start/);
     const res = await fetch(`http://127.0.0.1:${ports.api}/readyz`);
     expect(res.status).toBe(200);
+    // The runtime came from the (loopback) registry: node and npm, once each.
+    expect([...registry.hits.values()]).toEqual([1, 1]);
     expect(gatewayPid).toBeDefined();
     // The unit runs the blue slot's own runtime, not the test's node.
     expect(readFileSync(`/proc/${gatewayPid}/cmdline`, 'utf8').split('\0')).toContain(cliOf('blue'));
