@@ -4,11 +4,13 @@
 // temporary unit tree, the gateway on its private Nginx on loopback ports. One install is
 // shared by the cases; a second run must change nothing.
 
-import { mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { connect } from 'node:net';
+import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import { connect, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { installHost, logHint, NotReadyError, type InstallOptions } from '../../src/host/install.js';
 import { freePorts } from '../helpers/ports.js';
 import { tmpDir } from '../helpers/tmp.js';
 import { INSTALL_SCRIPT, packTarball, runtimePackages, startRuntimeRegistry, systemctlReplacement } from './fixtures.js';
@@ -284,3 +286,164 @@ function readFileSafe(file: string): string {
     return '';
   }
 }
+
+// What install decides, case by case, without a service manager: systemctl is a small script
+// that records its arguments and keeps an "active" flag, and /readyz is a loopback HTTP server
+// whose answer the test sets. The unit never runs anything; the decisions are what is checked.
+describe('host install decisions (recorded systemctl, loopback /readyz)', () => {
+  let t: { dir: string; cleanup: () => void };
+  let r: string;
+  let units: string;
+  let calls: string;
+  let readyStatus = 200;
+  let server: Server;
+  let apiPort: number;
+  let cfgA: string;
+  let cfgB: string;
+  let argv: string[];
+
+  const options = (over: Partial<InstallOptions> = {}): InstallOptions => ({
+    root: r,
+    slot: 'blue',
+    package: '/tmp/dstack-proxy-9.9.9.tgz',
+    runtime: '20.20.2',
+    configFile: cfgA,
+    unitName: 'dp-decisions',
+    unitDir: units,
+    systemctl: argv,
+    readyTimeoutMs: 5000,
+    now: () => new Date('2026-01-02T03:04:05.000Z'),
+    ...over,
+  });
+  const recorded = (): string[] => {
+    const lines = readFileSync(calls, 'utf8').split('\n').filter(Boolean);
+    writeFileSync(calls, '');
+    return lines.filter((l) => !l.startsWith('is-active'));
+  };
+
+  beforeAll(async () => {
+    t = tmpDir('dp-host-decide-');
+    r = join(t.dir, 'root');
+    units = join(t.dir, 'units');
+    calls = join(t.dir, 'calls');
+    mkdirSync(join(r, 'blue', 'node_modules', 'dstack-proxy', 'dist', 'src'), { recursive: true });
+    mkdirSync(units);
+    writeFileSync(join(r, 'blue', 'node'), '');
+    writeFileSync(join(r, 'blue', 'node_modules', 'dstack-proxy', 'dist', 'src', 'cli.js'), '');
+    writeFileSync(join(r, 'blue', 'node_modules', 'dstack-proxy', 'package.json'), '{"name":"dstack-proxy","version":"9.9.9"}\n');
+    writeFileSync(calls, '');
+    const fake = join(t.dir, 'systemctl');
+    writeFileSync(
+      fake,
+      `#!/bin/sh
+case "$1" in --root=*) shift ;; esac
+echo "$*" >>'${calls}'
+case "$1" in
+  is-active) if [ -f '${t.dir}/active' ]; then echo active; exit 0; fi; echo inactive; exit 3 ;;
+  start | restart) touch '${t.dir}/active' ;;
+  stop) rm -f '${t.dir}/active' ;;
+  enable) mkdir -p '${units}/multi-user.target.wants' && ln -sf "../$2" '${units}/multi-user.target.wants/'"$2" ;;
+esac
+exit 0
+`,
+    );
+    argv = ['sh', fake, `--root=${join(t.dir, 'sys')}`];
+    server = createServer((req, res) => {
+      res.writeHead(req.url === '/readyz' ? readyStatus : 404, { 'content-type': 'application/json' });
+      res.end(readyStatus === 200 ? '{"ready":true}' : '{"ready":false,"reason":"nginx is not up"}');
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    apiPort = (server.address() as AddressInfo).port;
+    cfgA = join(t.dir, 'a.yaml');
+    cfgB = join(t.dir, 'b.yaml');
+    writeFileSync(cfgA, `stateDir: ${join(r, 'state')}\napiPort: ${apiPort}\n`);
+    writeFileSync(cfgB, `stateDir: ${join(r, 'state')}\napiPort: ${apiPort}\ndrainPeriod: 10\n`);
+  });
+  afterAll(async () => {
+    await new Promise<void>((ok) => server.close(() => ok()));
+    t.cleanup();
+  });
+
+  it('a first install writes every file, reloads, enables and starts', async () => {
+    const report = await installHost(options());
+    expect(Object.values(report.files)).toEqual(Array(7).fill('created'));
+    expect(recorded()).toEqual(['daemon-reload', 'enable dp-decisions.service', 'start dp-decisions.service']);
+    expect(report).toMatchObject({ nothingToDo: false, active: 'blue', version: '9.9.9', url: `http://127.0.0.1:${apiPort}/readyz` });
+    expect(JSON.parse(readFileSync(join(r, 'blue', 'slot.json'), 'utf8'))).toEqual({
+      package: '/tmp/dstack-proxy-9.9.9.tgz',
+      runtime: '20.20.2',
+      installedAt: '2026-01-02T03:04:05.000Z',
+    });
+    expect(readFileSync(join(units, 'dp-decisions.service'), 'utf8')).toContain('\nTimeoutStopSec=60\n');
+  });
+
+  it('the same install again does nothing, even with another package spec or time', async () => {
+    const report = await installHost(options({ package: 'dstack-proxy@9.9.9', now: () => new Date() }));
+    expect(report.nothingToDo).toBe(true);
+    expect(new Set(Object.values(report.files))).toEqual(new Set(['unchanged']));
+    expect(recorded()).toEqual([]);
+  });
+
+  it('a changed config restarts (and a changed unit reloads first)', async () => {
+    const report = await installHost(options({ configFile: cfgB }));
+    expect(report.files[join(r, 'config.yaml')]).toBe('updated');
+    expect(report.files[join(units, 'dp-decisions.service')]).toBe('updated');
+    expect(recorded()).toEqual(['daemon-reload', 'restart dp-decisions.service']);
+    // No --config: the host's own config is kept.
+    expect((await installHost(options({ configFile: undefined }))).nothingToDo).toBe(true);
+    expect(readFileSync(join(r, 'config.yaml'), 'utf8')).toContain('drainPeriod: 10');
+  });
+
+  it('a start script that was edited is put back and restarts, without a reload', async () => {
+    writeFileSync(join(r, 'start'), '#!/bin/sh\nexit 1\n');
+    const report = await installHost(options({ configFile: cfgB }));
+    expect(report.files[join(r, 'start')]).toBe('updated');
+    expect(recorded()).toEqual(['restart dp-decisions.service']);
+    expect(statSync(join(r, 'start')).mode & 0o777).toBe(0o755);
+  });
+
+  it('a stopped unit is started; an existing version file is never switched', async () => {
+    rmSync(join(t.dir, 'active'));
+    writeFileSync(join(r, 'version'), 'green\n');
+    const report = await installHost(options({ configFile: cfgB }));
+    expect(recorded()).toEqual(['start dp-decisions.service']);
+    expect(readFileSync(join(r, 'version'), 'utf8')).toBe('green\n');
+    expect(report.active).toBe('green');
+    writeFileSync(join(r, 'version'), 'blue\n');
+  });
+
+  it('not ready: one line with the last /readyz answer and where the logs are', async () => {
+    readyStatus = 503;
+    try {
+      const err = await installHost(options({ configFile: cfgB, readyTimeoutMs: 1000 })).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(NotReadyError);
+      const message = (err as Error).message;
+      expect(message).not.toContain('\n');
+      expect(message).toContain(`dp-decisions.service is not ready after 1 s: http://127.0.0.1:${apiPort}/readyz answered 503`);
+      expect(message).toContain('nginx is not up');
+      expect(message).toContain(`its logs: ${join(t.dir, 'sys', 'var', 'log', 'journal', 'dp-decisions.service.log')}`);
+    } finally {
+      readyStatus = 200;
+    }
+  });
+
+  it('refuses bad input before writing anything', async () => {
+    const before = readFileSync(join(r, 'config.yaml'), 'utf8');
+    const bad = join(t.dir, 'bad.yaml');
+    writeFileSync(bad, 'nginx: system\n');
+    await expect(installHost(options({ configFile: bad }))).rejects.toThrow(
+      /bad.yaml is not a valid gateway config: --sites-dir is required/,
+    );
+    await expect(installHost(options({ configFile: join(t.dir, 'none.yaml') }))).rejects.toThrow(/none.yaml: no such file/);
+    await expect(installHost(options({ unitName: 'a b' }))).rejects.toThrow(/unit name/);
+    await expect(installHost(options({ unitDir: 'units' }))).rejects.toThrow(/--unit-dir must be an absolute path/);
+    await expect(installHost(options({ slot: 'green' }))).rejects.toThrow(/install the runtime and the package into green first/);
+    expect(readFileSync(join(r, 'config.yaml'), 'utf8')).toBe(before);
+    expect(recorded()).toEqual([]);
+  });
+
+  it('names the journal under systemd and the log file under the daemonless replacement', () => {
+    expect(logHint({ unitName: 'u', systemctl: ['python3', '/x/systemctl', '--root=/s'] })).toBe('/s/var/log/journal/u.service.log');
+    expect(logHint({ unitName: 'u', systemctl: ['/usr/bin/systemctl3.py'] })).toBe('/var/log/journal/u.service.log');
+  });
+});
