@@ -5,7 +5,7 @@ import { parseArgs } from 'node:util';
 import { formatHostStatus, hostStatus } from '../host/status.js';
 import { DEFAULT_ROOT } from '../host/layout.js';
 import type { Command } from './command.js';
-import { UsageError } from './command.js';
+import { EXIT_USAGE, UsageError, type Io } from './command.js';
 
 export const hostStatusCommand: Command = {
   name: 'status',
@@ -23,15 +23,34 @@ Options:
 Exit codes: 0 the status was read (whatever it says), 1 the root is not a gateway host (no
 version file), 2 usage error.`,
   async run(argv, io) {
-    const { values, positionals } = parseArgs({
-      args: argv,
-      strict: true,
-      allowPositionals: true,
-      options: { root: { type: 'string', default: DEFAULT_ROOT }, json: { type: 'boolean', default: false } },
-    });
-    if (positionals.length > 0) throw new UsageError(`unexpected argument "${positionals[0]}"`);
-    const status = await hostStatus(values.root);
-    io.stdout(values.json ? `${JSON.stringify(status, null, 2)}\n` : formatHostStatus(status));
-    return 0;
+    try {
+      return await runStatus(argv, io);
+    } catch (err) {
+      return fail(err, io, 'status', hostStatusCommand.help);
+    }
   },
 };
+
+async function runStatus(argv: string[], io: Io): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args: argv,
+    strict: true,
+    allowPositionals: true,
+    options: { root: { type: 'string', default: DEFAULT_ROOT }, json: { type: 'boolean', default: false } },
+  });
+  if (positionals.length > 0) throw new UsageError(`unexpected argument "${positionals[0]}"`);
+  const status = await hostStatus(values.root);
+  io.stdout(values.json ? `${JSON.stringify(status, null, 2)}\n` : formatHostStatus(status));
+  return 0;
+}
+
+/** Errors name this verb, and a usage error shows this verb's help (not the host command's). */
+function fail(err: unknown, io: Io, verb: string, help: string): number {
+  const message = (err as Error).message;
+  if (err instanceof UsageError || (err as NodeJS.ErrnoException).code?.startsWith('ERR_PARSE_ARGS')) {
+    io.stderr(`dstack-proxy host ${verb}: ${message}\n\n${help}\n`);
+    return EXIT_USAGE;
+  }
+  io.stderr(`dstack-proxy host ${verb}: ${message}\n`);
+  return 1;
+}
