@@ -1,0 +1,281 @@
+// `host adopt` on a fake host laid out as dstack provisions one (test/host/dstack-layout.ts):
+// the real Nginx running on its Ubuntu-like conf, dstack's unit running under the daemonless
+// systemctl. After adopting: dstack's app stopped, its files moved (not deleted), our config,
+// includes and update.sh in place, nginx -t passing, and a second run changing nothing.
+
+import { execa } from 'execa';
+import { readFileSync } from 'node:fs';
+import { lstat, readFile, readdir, readlink, stat, writeFile, mkdir } from 'node:fs/promises';
+import { request } from 'node:http';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { hostAdoptCommand } from '../../src/cli/host-adopt.js';
+import { UPDATE_SH_MARKER, adoptHost, type AdoptOptions } from '../../src/host/adopt.js';
+import { readGatewayConfig } from '../../src/host/gateway-config.js';
+import { BACKUP_SUFFIX } from '../../src/host/nginx-conf.js';
+import { DSTACK_LOG_FORMAT_CONF, DSTACK_UPDATE_SH, makeDstackLayout, type DstackLayout } from './dstack-layout.js';
+
+const layouts: DstackLayout[] = [];
+afterEach(async () => {
+  for (const l of layouts.splice(0)) await l.cleanup();
+});
+
+async function layout(): Promise<DstackLayout> {
+  const l = await makeDstackLayout();
+  layouts.push(l);
+  return l;
+}
+
+function options(l: DstackLayout, over: Partial<AdoptOptions> = {}): AdoptOptions {
+  return {
+    root: l.root,
+    dstackHome: l.dstackHome,
+    nginxConf: l.nginxConf,
+    sitesEnabled: l.sitesEnabled,
+    sitesDir: l.sitesDir,
+    defaultSite: 'keep',
+    letsencrypt: l.letsencrypt,
+    accessLog: l.accessLog,
+    systemctl: l.systemctl,
+    unitDir: l.unitDir,
+    nginxBin: 'nginx',
+    snapBin: join(l.dir, 'no-snap-here'),
+    extraConfig: { listenHost: '127.0.0.1', httpPort: String(l.httpPort), httpsPort: String(l.httpsPort) },
+    dryRun: false,
+    ...over,
+  };
+}
+
+/** GET http://127.0.0.1:<port>/ with a Host header: status and body. */
+function get(port: number, host: string): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host: '127.0.0.1', port, path: '/', headers: { host } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (body += c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function systemctl(l: DstackLayout, ...args: string[]) {
+  return execa(l.systemctl[0]!, [...l.systemctl.slice(1), ...args], { reject: false });
+}
+
+/** Every file under `dir` with its content (or link target) and mode: a snapshot to compare. */
+async function tree(dir: string, skip: (p: string) => boolean = () => false): Promise<Record<string, string>> {
+  const out: Record<string, string> = {};
+  const walk = async (d: string) => {
+    for (const e of await readdir(d, { withFileTypes: true })) {
+      const p = join(d, e.name);
+      if (skip(p)) continue;
+      if (e.isDirectory()) await walk(p);
+      else if (e.isSymbolicLink()) out[p] = `-> ${await readlink(p)}`;
+      else if (e.isFile()) {
+        const st = await stat(p);
+        out[p] = `${(st.mode & 0o7777).toString(8)} ${st.mtimeMs} ${readFileSync(p, 'utf8').length}`;
+      }
+    }
+  };
+  await walk(dir);
+  return out;
+}
+
+/** Only what a run changes: logs and pid files of the running processes are not its doing. */
+const volatile = (p: string) => /\/(var\/log|run|sysroot\/var|sysroot\/run)\b/.test(p) || p.endsWith('.pid');
+
+describe('host adopt', () => {
+  it("takes over dstack's host keeping the default site, and a second run changes nothing", async () => {
+    const l = await layout();
+    await l.startNginx();
+    expect((await get(l.defaultPort, 'unknown.example')).body).toContain('Welcome to nginx!');
+    expect((await systemctl(l, 'is-active', 'dstack.gateway')).stdout.trim()).toBe('active');
+    // What dstack's update.sh would call: a stand-in for our <root>/update that records its argv.
+    await mkdir(l.root, { recursive: true });
+    await writeFile(join(l.root, 'update'), `echo "update called with $# arguments" > ${join(l.dir, 'update-called')}\n`);
+    const originalConf = await readFile(l.nginxConf, 'utf8');
+
+    const lines: string[] = [];
+    const r = await adoptHost(options(l), (s) => lines.push(s));
+    const out = lines.join('\n');
+    expect(r.changed).toBe(true);
+    for (const step of ['a.', 'b.', 'c.', 'd.', 'e.', 'f.', 'g.', 'h.']) expect(out).toContain(`\n${step} `.slice(step === 'a.' ? 1 : 0));
+    expect(out).toContain("h. state: none carried over; dstack's server registers");
+    // Our unit is the install step's job; without it the step is named as missing.
+    expect(r.missing).toHaveLength(1);
+    expect(r.missing[0]).toMatch(/^f: our unit dstack\.gateway is not installed/);
+
+    // a. dstack's app is stopped and its unit disabled and moved away.
+    expect((await systemctl(l, 'is-active', 'dstack.gateway')).stdout.trim()).not.toBe('active');
+    const adopted = r.adoptedDir!;
+    expect(adopted).toMatch(new RegExp(`^${l.root}/adopted/\\d{8}T\\d{6}Z$`));
+    const unitFile = join(l.unitDir, 'dstack.gateway.service');
+    await expect(lstat(unitFile)).rejects.toThrow(/ENOENT/);
+    expect(await readFile(join(adopted, unitFile), 'utf8')).toContain(`ExecStart=/bin/sh ${l.dstackHome}/start.sh`);
+
+    // b. dstack's files moved, with their paths recorded; the default site kept.
+    expect((await readdir(l.sitesEnabled)).sort()).toEqual(['default']);
+    const logFormat = join(l.sitesEnabled, '00-log-format.conf');
+    const site = join(l.sitesEnabled, `443-${l.domain}.conf`);
+    expect(await readFile(join(adopted, logFormat), 'utf8')).toBe(DSTACK_LOG_FORMAT_CONF);
+    expect((await stat(join(adopted, site))).mode & 0o777).toBe(0o600);
+    const updateSh = join(l.dstackHome, 'update.sh');
+    expect((await readFile(join(adopted, 'moved.txt'), 'utf8')).trim().split('\n').sort()).toEqual(
+      [logFormat, site, unitFile, updateSh].sort(),
+    );
+
+    // c. config.yaml, read with the gateway's own option table.
+    const config = readGatewayConfig(join(l.root, 'config.yaml'));
+    expect(config).toMatchObject({
+      nginx: 'system',
+      sitesDir: l.sitesDir,
+      nginxConf: l.nginxConf,
+      serverUrl: `unix-dir:${l.dstackHome}/server-connections`,
+      accessLog: l.accessLog,
+      certbotConfigDir: l.letsencrypt,
+      dstackCompat: 'true',
+      apiHost: '127.0.0.1',
+      apiPort: 8000,
+      stateDir: join(l.root, 'state'),
+      defaultServer: 'false',
+      reloadCommand: `nginx -c ${l.nginxConf} -s reload`,
+      httpPort: l.httpPort,
+    });
+
+    // d. nginx.conf patched, tested, backed up; Nginx reloaded without dstack's sites, and the
+    //    default site still answers unknown hosts.
+    const conf = await readFile(l.nginxConf, 'utf8');
+    expect(conf).toContain(`\tinclude ${l.sitesDir}/*.conf;\n\tinclude ${l.sitesDir}/sites/*.conf;\n}`);
+    expect(conf).toContain('\tserver_names_hash_bucket_size 128;');
+    expect(conf).toContain('worker_rlimit_nofile 65535;');
+    expect(await readFile(`${l.nginxConf}${BACKUP_SUFFIX}`, 'utf8')).toBe(originalConf);
+    await execa('nginx', ['-t', '-q', '-c', l.nginxConf]);
+    expect((await stat(l.sitesDir)).mode & 0o777).toBe(0o755);
+    expect((await get(l.defaultPort, 'unknown.example')).body).toContain('Welcome to nginx!');
+    await expect(get(l.httpPort, l.domain)).rejects.toThrow(/ECONNREFUSED/);
+
+    // e. update.sh is ours: dstack's arguments are dropped, our update runs with none.
+    const ours = await readFile(updateSh, 'utf8');
+    expect(ours).toContain(UPDATE_SH_MARKER);
+    expect(ours).toContain(`exec /bin/sh ${l.root}/update\n`);
+    expect(await readFile(join(adopted, updateSh), 'utf8')).toBe(DSTACK_UPDATE_SH);
+    // As dstack's server runs it (a copy, in the home's parent).
+    await execa(
+      '/bin/sh',
+      [
+        '-c',
+        'cp dstack/update.sh dstack/_update.sh && sh dstack/_update.sh "dstack-gateway @ https://example.test/x.whl" 0.19.2 && rm dstack/_update.sh',
+      ],
+      {
+        cwd: join(l.dstackHome, '..'),
+      },
+    );
+    expect(await readFile(join(l.dir, 'update-called'), 'utf8')).toBe('update called with 0 arguments\n');
+    // start.sh is left alone.
+    expect(await readFile(join(l.dstackHome, 'start.sh'), 'utf8')).toContain('bin/uvicorn');
+
+    // Certificates untouched.
+    expect(await readlink(join(l.letsencrypt, 'live', l.domain, 'fullchain.pem'))).toBe(`../../archive/${l.domain}/fullchain1.pem`);
+
+    // A second run: nothing changes, nothing moves.
+    const before = await tree(l.dir, volatile);
+    const again: string[] = [];
+    const r2 = await adoptHost(options(l), (s) => again.push(s));
+    expect(r2.changed).toBe(false);
+    expect(r2.adoptedDir).toBeUndefined();
+    expect(again.join('\n')).toContain('nothing to change: already adopted');
+    expect(await tree(l.dir, volatile)).toEqual(before);
+    expect(await readdir(join(l.root, 'adopted'))).toHaveLength(1);
+  });
+
+  it('--default-site remove moves the default site away too', async () => {
+    const l = await layout();
+    await l.startNginx();
+    const r = await adoptHost(options(l, { defaultSite: 'remove' }), () => {});
+    expect(await readdir(l.sitesEnabled)).toEqual([]);
+    const moved = join(r.adoptedDir!, l.sitesEnabled, 'default');
+    expect((await lstat(moved)).isSymbolicLink()).toBe(true);
+    expect(await readlink(moved)).toBe(join(l.dir, 'etc', 'nginx', 'sites-available', 'default'));
+    const config = readGatewayConfig(join(l.root, 'config.yaml'));
+    expect(config.defaultServer).toBe('true');
+    await execa('nginx', ['-t', '-q', '-c', l.nginxConf]);
+    await expect(get(l.defaultPort, 'unknown.example')).rejects.toThrow(/ECONNREFUSED/);
+  });
+
+  it("keeps an operator's config.yaml, and disables certbot's own renewal timers", async () => {
+    const l = await layout();
+    await l.startNginx();
+    await mkdir(l.root, { recursive: true });
+    const mine = `nginx: system\nsitesDir: ${l.sitesDir}\nnginxConf: ${l.nginxConf}\napiPort: 8000\n`;
+    await writeFile(join(l.root, 'config.yaml'), mine);
+    // certbot from apt: its timer, enabled; from snap: a stand-in `snap` that records its calls.
+    await writeFile(
+      join(l.unitDir, 'certbot.timer'),
+      '[Unit]\nDescription=Run certbot twice daily\n\n[Timer]\nOnCalendar=*-*-* 00,12:00:00\n\n[Install]\nWantedBy=timers.target\n',
+    );
+    await systemctl(l, 'enable', 'certbot.timer');
+    expect((await systemctl(l, 'is-enabled', 'certbot.timer')).stdout.trim()).toBe('enabled');
+    const snap = join(l.dir, 'snap');
+    const calls = join(l.dir, 'snap-calls');
+    await writeFile(
+      snap,
+      `#!/bin/sh\necho "$*" >> ${calls}\nif [ "$1" = services ]; then echo "Service        Startup  Current   Notes"; echo "certbot.renew  enabled  inactive  timer-activated"; fi\n`,
+      { mode: 0o755 },
+    );
+    const lines: string[] = [];
+    await adoptHost(options(l, { snapBin: snap }), (s) => lines.push(s));
+    expect(await readFile(join(l.root, 'config.yaml'), 'utf8')).toBe(mine);
+    expect(lines.join('\n')).toContain('exists: kept as it is');
+    expect((await readFile(calls, 'utf8')).trim().split('\n')).toEqual(['services certbot.renew', 'stop --disable certbot.renew']);
+    expect((await systemctl(l, 'is-enabled', 'certbot.timer')).stdout.trim()).not.toBe('enabled');
+  });
+
+  it('--dry-run prints the steps and changes nothing', async () => {
+    const l = await layout();
+    const before = await tree(l.dir, volatile);
+    const out: string[] = [];
+    const code = await hostAdoptCommand.run(
+      [
+        '--root',
+        l.root,
+        '--dstack-home',
+        l.dstackHome,
+        '--nginx-conf',
+        l.nginxConf,
+        '--sites-enabled',
+        l.sitesEnabled,
+        '--sites-dir',
+        l.sitesDir,
+        '--letsencrypt',
+        l.letsencrypt,
+        '--access-log',
+        l.accessLog,
+        '--systemctl',
+        l.systemctl.join(' '),
+        '--unit-dir',
+        l.unitDir,
+        '--dry-run',
+      ],
+      { stdout: (s) => out.push(s), stderr: (s) => out.push(s), readStdin: () => Promise.resolve(''), isTTY: false, env: {} },
+    );
+    const text = out.join('');
+    expect(text).toContain('(dry run)   move');
+    expect(text).toContain(`(dry run)   write ${l.root}/config.yaml`);
+    expect(text).toContain('(dry run)   include');
+    expect(code).toBe(1); // the unit step is missing in this build
+    expect(await tree(l.dir, volatile)).toEqual(before);
+    expect((await systemctl(l, 'is-active', 'dstack.gateway')).stdout.trim()).toBe('active');
+  });
+
+  it("refuses a host that is not dstack's, before changing anything", async () => {
+    const l = await layout();
+    await writeFile(join(l.dstackHome, 'version'), 'purple\n');
+    const before = await tree(l.dir, volatile);
+    await expect(adoptHost(options(l), () => {})).rejects.toThrow(/is not a dstack gateway home: .*names "purple"/);
+    await expect(adoptHost(options(l, { dstackHome: join(l.dir, 'nowhere') }), () => {})).rejects.toThrow(/no readable/);
+    await expect(adoptHost(options(l, { sitesDir: '/etc/nginx/a b' }), () => {})).rejects.toThrow(/absolute path/);
+    expect(await tree(l.dir, volatile)).toEqual(before);
+  });
+});
