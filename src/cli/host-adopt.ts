@@ -53,6 +53,13 @@ Options:
   --set KEY=VALUE        an extra config.yaml key when adopt writes it (repeatable)
   --dry-run              print the steps, change nothing
 
+For the unit step (f), the slot our package is installed in, as host install takes them:
+  --slot blue|green      default: the active slot (<root>/version)
+  --package SPEC         default: what its slot.json records
+  --runtime VERSION      default: what its slot.json records
+  --runtime-from URL     recorded in host.json for updates
+  --ready-timeout SECONDS  how long to wait for /readyz (default: 60)
+
 Exit codes: 0 adopted (or already); 1 failed, or a step could not be done (named on stderr).`,
   async run(argv, io) {
     const { values } = parseArgs({
@@ -71,6 +78,11 @@ Exit codes: 0 adopted (or already); 1 failed, or a step could not be done (named
         'nginx-bin': { type: 'string' },
         set: { type: 'string', multiple: true },
         'dry-run': { type: 'boolean' },
+        slot: { type: 'string' },
+        package: { type: 'string' },
+        runtime: { type: 'string' },
+        'runtime-from': { type: 'string' },
+        'ready-timeout': { type: 'string' },
       },
       strict: true,
     });
@@ -83,6 +95,10 @@ Exit codes: 0 adopted (or already); 1 failed, or a step could not be done (named
       if (!m) throw new UsageError(`--set must be KEY=VALUE with a camelCase config key; got ${JSON.stringify(kv)}`);
       extraConfig[m[1]!] = m[2]!;
     }
+    const slot = values.slot;
+    if (slot !== undefined && slot !== 'blue' && slot !== 'green') throw new UsageError('--slot must be blue or green');
+    const timeout = Number(values['ready-timeout'] ?? '60');
+    if (!Number.isFinite(timeout) || timeout <= 0) throw new UsageError('--ready-timeout must be a positive number of seconds');
     const systemctlArgv = (values.systemctl ?? 'systemctl').split(' ').filter(Boolean);
     try {
       const result = await adoptHost(
@@ -101,6 +117,13 @@ Exit codes: 0 adopted (or already); 1 failed, or a step could not be done (named
           snapBin: 'snap',
           extraConfig,
           dryRun: values['dry-run'] ?? false,
+          install: {
+            ...(slot ? { slot } : {}),
+            ...(values.package ? { package: values.package } : {}),
+            ...(values.runtime ? { runtime: values.runtime } : {}),
+            ...(values['runtime-from'] ? { runtimeFrom: values['runtime-from'] } : {}),
+            readyTimeoutMs: timeout * 1000,
+          },
         },
         (line) => io.stdout(`${line}\n`),
       );

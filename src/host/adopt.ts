@@ -28,7 +28,8 @@ import {
 import { dirname, join } from 'node:path';
 import { ProxyError } from '../errors.js';
 import { checkConfPath, ensureNginxConf, patchNginxConf } from './nginx-conf.js';
-import { DSTACK_UNIT_NAME, hostPaths, type HostSettings } from './layout.js';
+import { installHost } from './install.js';
+import { DSTACK_UNIT_NAME, hostPaths, readActive, readSlot, type Slot } from './layout.js';
 import { systemctl } from './systemctl.js';
 
 export const DEFAULT_DSTACK_HOME = '/home/ubuntu/dstack';
@@ -65,10 +66,17 @@ export interface AdoptOptions {
   extraConfig: Record<string, string>;
   /** Print the steps, change nothing. */
   dryRun: boolean;
+  install: AdoptInstall;
 }
 
-/** The install step (writes start/update scripts, the unit, host.json; starts; waits /readyz). */
-export type InstallStep = (settings: HostSettings, say: (line: string) => void) => Promise<void>;
+/** What the install step installs: the slot holding our package; absent = the active slot and its slot.json. */
+export interface AdoptInstall {
+  slot?: Slot;
+  package?: string;
+  runtime?: string;
+  runtimeFrom?: string;
+  readyTimeoutMs: number;
+}
 
 export interface AdoptResult {
   /** Something was changed (or, in a dry run, would be). */
@@ -189,11 +197,10 @@ function checkOptions(o: AdoptOptions): void {
 }
 
 /**
- * Adopts the host, printing each step through `say`. `install` is the step that installs and
- * starts our unit under dstack's unit name; without it the host is left stopped and the result
- * names the missing step.
+ * Adopts the host, printing each step through `say`. Without an installed slot of ours the
+ * unit step cannot run: the host is left with dstack's app stopped and the result names the step.
  */
-export async function adoptHost(o: AdoptOptions, say: (line: string) => void, install?: InstallStep): Promise<AdoptResult> {
+export async function adoptHost(o: AdoptOptions, say: (line: string) => void): Promise<AdoptResult> {
   checkOptions(o);
   const dry = o.dryRun;
   const prefix = dry ? '(dry run) ' : '';
@@ -340,19 +347,34 @@ export async function adoptHost(o: AdoptOptions, say: (line: string) => void, in
   }
   say(`  ${join(o.dstackHome, 'start.sh')} left as it is (the unit that ran it is disabled)`);
 
-  // f. Our unit, under dstack's name.
+  // f. Our unit, under dstack's name: the install step, on the slot the package is in.
   say(`f. unit ${DSTACK_UNIT_NAME}`);
-  const settings: HostSettings = { unitName: DSTACK_UNIT_NAME, unitDir: o.unitDir, systemctl: o.systemctl };
-  if (ours) say('  already installed');
-  else if (!install) {
+  const slot = o.install.slot ?? (await readActive(o.root));
+  const info = slot ? await readSlot(o.root, slot) : undefined;
+  const pkg = o.install.package ?? info?.package;
+  const runtime = o.install.runtime ?? info?.runtime;
+  if (!slot || !pkg || !runtime) {
     missing.push(
-      `f: our unit ${DSTACK_UNIT_NAME} is not installed (this build has no install step): run \`host install\` with unit name ${DSTACK_UNIT_NAME}`,
+      `f: our unit ${DSTACK_UNIT_NAME} is not installed: ${o.root} has no installed dstack-proxy slot (install the runtime and the package first, or pass --slot, --package and --runtime)`,
     );
     say(`  NOT DONE: ${missing[missing.length - 1]}`);
-  } else if (dry) note(`  would install and start ${DSTACK_UNIT_NAME} running ${hostPaths(o.root).startScript}`);
+  } else if (dry) note(`  install ${slot} (${pkg}, node ${runtime}) as ${DSTACK_UNIT_NAME}, start it, wait for /readyz`);
   else {
-    changed = true;
-    await install(settings, (l) => say(`  ${l}`));
+    const report = await installHost({
+      root: o.root,
+      slot,
+      package: pkg,
+      runtime,
+      ...(o.install.runtimeFrom ? { runtimeFrom: o.install.runtimeFrom } : {}),
+      unitName: DSTACK_UNIT_NAME,
+      unitDir: o.unitDir,
+      systemctl: o.systemctl,
+      readyTimeoutMs: o.install.readyTimeoutMs,
+      log: (l) => say(`  ${l}`),
+    });
+    if (!report.nothingToDo) changed = true;
+    for (const [file, outcome] of Object.entries(report.files)) if (outcome !== 'unchanged') say(`  ${outcome} ${file}`);
+    say(`  dstack-proxy ${report.version} (${report.active}) is ready at ${report.url}`);
   }
 
   // g. Certificates stay; certbot's own renewal timer would race ours.

@@ -42,6 +42,7 @@ function options(l: DstackLayout, over: Partial<AdoptOptions> = {}): AdoptOption
     snapBin: join(l.dir, 'no-snap-here'),
     extraConfig: { listenHost: '127.0.0.1', httpPort: String(l.httpPort), httpsPort: String(l.httpsPort) },
     dryRun: false,
+    install: { readyTimeoutMs: 60_000 },
     ...over,
   };
 }
@@ -103,9 +104,9 @@ describe('host adopt', () => {
     expect(r.changed).toBe(true);
     for (const step of ['a.', 'b.', 'c.', 'd.', 'e.', 'f.', 'g.', 'h.']) expect(out).toContain(`\n${step} `.slice(step === 'a.' ? 1 : 0));
     expect(out).toContain("h. state: none carried over; dstack's server registers");
-    // Our unit is the install step's job; without it the step is named as missing.
+    // Without a slot of ours installed, the unit step is named as not done.
     expect(r.missing).toHaveLength(1);
-    expect(r.missing[0]).toMatch(/^f: our unit dstack\.gateway is not installed/);
+    expect(r.missing[0]).toMatch(/^f: our unit dstack\.gateway is not installed: .* has no installed dstack-proxy slot/);
 
     // a. dstack's app is stopped and its unit disabled and moved away.
     expect((await systemctl(l, 'is-active', 'dstack.gateway')).stdout.trim()).not.toBe('active');
@@ -264,7 +265,7 @@ describe('host adopt', () => {
     expect(text).toContain('(dry run)   move');
     expect(text).toContain(`(dry run)   write ${l.root}/config.yaml`);
     expect(text).toContain('(dry run)   include');
-    expect(code).toBe(1); // the unit step is missing in this build
+    expect(code).toBe(1); // no slot of ours installed: the unit step cannot run
     expect(await tree(l.dir, volatile)).toEqual(before);
     expect((await systemctl(l, 'is-active', 'dstack.gateway')).stdout.trim()).toBe('active');
   });
