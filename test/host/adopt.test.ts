@@ -5,15 +5,19 @@
 
 import { execa } from 'execa';
 import { readFileSync } from 'node:fs';
-import { lstat, readFile, readdir, readlink, stat, writeFile, mkdir } from 'node:fs/promises';
+import { lstat, mkdir, readFile, readdir, readlink, rename, stat, symlink, writeFile } from 'node:fs/promises';
 import { request } from 'node:http';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { hostAdoptCommand } from '../../src/cli/host-adopt.js';
 import { UPDATE_SH_MARKER, adoptHost, type AdoptOptions } from '../../src/host/adopt.js';
 import { readGatewayConfig } from '../../src/host/gateway-config.js';
 import { BACKUP_SUFFIX } from '../../src/host/nginx-conf.js';
+import { dstackPaths, dstackProjectKey, registerServicePayload } from '../compat/dstack/fixtures.js';
+import { eventually } from '../helpers/nginx.js';
+import { freePorts } from '../helpers/ports.js';
 import { DSTACK_LOG_FORMAT_CONF, DSTACK_UPDATE_SH, makeDstackLayout, type DstackLayout } from './dstack-layout.js';
+import { INSTALL_SCRIPT, packTarball, scriptPins, startRuntimeRegistry } from './fixtures.js';
 
 const layouts: DstackLayout[] = [];
 afterEach(async () => {
@@ -280,3 +284,155 @@ describe('host adopt', () => {
     expect(await tree(l.dir, volatile)).toEqual(before);
   });
 });
+
+// The whole takeover: our package in a slot (the pinned runtime from a loopback stand-in
+// registry, this checkout's tarball installed by the runtime's npm, as the bootstrap does),
+// then `host adopt` through that slot's own CLI: our gateway runs under dstack's unit name and
+// an unmodified server's registration is served by the system Nginx. Needs `npm run build`.
+describe.runIf(process.getuid?.() === 0)('host adopt with our package installed', () => {
+  let l: DstackLayout;
+  let registry: Awaited<ReturnType<typeof startRuntimeRegistry>> | undefined;
+  let apiPort: number;
+
+  afterAll(async () => {
+    // The layout's cleanup stops dstack.gateway (ours by then) and its Nginx.
+    const pid = apiPort ? await listenerPid(apiPort) : undefined;
+    if (pid) process.kill(pid, 'SIGKILL');
+    await registry?.close();
+  }, 120_000);
+
+  it('runs our gateway as dstack.gateway, serving what the dstack API registers', async () => {
+    l = await layout();
+    await l.startNginx();
+    registry = await startRuntimeRegistry();
+    const tarball = packTarball(join(l.dir, 'pack'));
+    const { NODE_VERSION: node, NPM_VERSION: npm } = scriptPins();
+    // The slot, as the bootstrap fills it: the runtime, then the package by the runtime's npm.
+    await execa('sh', [INSTALL_SCRIPT, 'runtime', '--root', l.root, '--runtime-from', registry.url], { stdin: 'ignore' });
+    const nodeDir = join(l.root, 'runtime', `node-${node}`);
+    const stage = join(l.root, '.tmp-blue');
+    await mkdir(stage, { recursive: true, mode: 0o755 });
+    await execa(
+      join(nodeDir, 'bin', 'node'),
+      [
+        join(l.root, 'runtime', `npm-${npm}`, 'bin', 'npm-cli.js'),
+        'install',
+        '--prefix',
+        stage,
+        '--omit=dev',
+        '--omit=optional',
+        '--no-audit',
+        '--no-fund',
+        '--no-save',
+        '--no-package-lock',
+        tarball,
+      ],
+      { stdin: 'ignore', env: { PATH: `${join(nodeDir, 'bin')}:${process.env.PATH ?? ''}` }, timeout: 300_000 },
+    );
+    await symlink(`../runtime/node-${node}/bin/node`, join(stage, 'node'));
+    await rename(stage, join(l.root, 'blue'));
+
+    [apiPort] = (await freePorts(1)) as [number];
+    const adopt = (extra: string[] = []) =>
+      execa(
+        join(l.root, 'blue', 'node'),
+        [
+          join(l.root, 'blue', 'node_modules', 'dstack-proxy', 'dist', 'src', 'cli.js'),
+          'host',
+          'adopt',
+          '--root',
+          l.root,
+          '--dstack-home',
+          l.dstackHome,
+          '--nginx-conf',
+          l.nginxConf,
+          '--sites-enabled',
+          l.sitesEnabled,
+          '--sites-dir',
+          l.sitesDir,
+          '--letsencrypt',
+          l.letsencrypt,
+          '--access-log',
+          l.accessLog,
+          '--systemctl',
+          l.systemctl.join(' '),
+          '--unit-dir',
+          l.unitDir,
+          '--slot',
+          'blue',
+          '--package',
+          tarball,
+          '--runtime',
+          node!,
+          '--runtime-from',
+          registry!.url,
+          '--ready-timeout',
+          '90',
+          '--set',
+          `apiPort=${apiPort}`,
+          '--set',
+          'listenHost=127.0.0.1',
+          '--set',
+          `httpPort=${l.httpPort}`,
+          '--set',
+          `httpsPort=${l.httpsPort}`,
+          '--set',
+          'resyncInterval=3600',
+          '--set',
+          'drainPeriod=5',
+          ...extra,
+        ],
+        { reject: false, stdin: 'ignore', timeout: 300_000 },
+      );
+    const first = await adopt();
+    expect(first.exitCode, `${first.stdout}\n${first.stderr}`).toBe(0);
+    expect(first.stdout).toContain(`is ready at http://127.0.0.1:${apiPort}/readyz`);
+
+    // Our unit under dstack's name, active; dstack's app is not what runs.
+    const unit = await readFile(join(l.unitDir, 'dstack.gateway.service'), 'utf8');
+    expect(unit).toContain(`ExecStart=/bin/sh ${l.root}/start\n`);
+    expect((await systemctl(l, 'is-active', 'dstack.gateway')).stdout.trim()).toBe('active');
+    expect((await fetch(`http://127.0.0.1:${apiPort}/readyz`)).status).toBe(200);
+    expect(JSON.parse(await readFile(join(l.root, 'host.json'), 'utf8'))).toMatchObject({ unitName: 'dstack.gateway', unitDir: l.unitDir });
+
+    // dstack's server registers a service through its API (over its tunnel, to 127.0.0.1:8000 on a real host).
+    const domain = 'svc-2.gw.example.test';
+    const res = await fetch(`http://127.0.0.1:${apiPort}${dstackPaths.registerService('main')}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(
+        registerServicePayload({
+          runName: 'svc-2',
+          domain,
+          https: false,
+          auth: false,
+          model: null,
+          sshPrivateKey: dstackProjectKey().privateKey,
+        }),
+      ),
+    });
+    expect(res.status, await res.clone().text()).toBe(200);
+    // The system Nginx serves it (no replica yet: 503), and the kept default site still answers the rest.
+    const served = await eventually(async () => {
+      const r = await get(l.httpPort, domain).catch(() => undefined);
+      return r?.status === 503 ? r : undefined;
+    }, 30_000);
+    expect(served.status).toBe(503);
+    expect(await readdir(join(l.sitesDir, 'sites'))).toContain(`${domain}.conf`);
+    expect((await get(l.defaultPort, 'unknown.example')).body).toContain('Welcome to nginx!');
+
+    // A second adopt changes nothing and leaves the same gateway running.
+    const pid = await listenerPid(apiPort);
+    const second = await adopt();
+    expect(second.exitCode, `${second.stdout}\n${second.stderr}`).toBe(0);
+    expect(second.stdout).toContain('nothing to change: already adopted');
+    expect(await listenerPid(apiPort)).toBe(pid);
+  }, 600_000);
+});
+
+/** The pid listening on 127.0.0.1:port, from the kernel's socket table. */
+async function listenerPid(port: number): Promise<number | undefined> {
+  const r = await execa('ss', ['-Htlnp', `sport = :${port}`], { reject: false });
+  const m = /pid=(\d+)/.exec(String(r.stdout));
+  return m ? Number(m[1]) : undefined;
+}
