@@ -6,7 +6,9 @@
 import { execa } from 'execa';
 import { readFileSync } from 'node:fs';
 import { lstat, mkdir, readFile, readdir, readlink, rename, stat, symlink, writeFile } from 'node:fs/promises';
+import { X509Certificate } from 'node:crypto';
 import { request } from 'node:http';
+import { connect as tlsConnect } from 'node:tls';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { hostAdoptCommand } from '../../src/cli/host-adopt.js';
@@ -333,6 +335,10 @@ describe.runIf(process.getuid?.() === 0)('host adopt with our package installed'
     await rename(stage, join(l.root, 'blue'));
 
     [apiPort] = (await freePorts(1)) as [number];
+    // certbot stand-in: any ACME attempt is recorded (and fails, on loopback only).
+    const certbotCalls = join(l.dir, 'certbot-calls');
+    const certbot = join(l.dir, 'certbot');
+    await writeFile(certbot, `#!/bin/sh\necho "$*" >> ${certbotCalls}\nexit 1\n`, { mode: 0o755 });
     const adopt = (extra: string[] = []) =>
       execa(
         join(l.root, 'blue', 'node'),
@@ -380,6 +386,8 @@ describe.runIf(process.getuid?.() === 0)('host adopt with our package installed'
           'resyncInterval=3600',
           '--set',
           'drainPeriod=5',
+          '--set',
+          `certbotBin=${certbot}`,
           ...extra,
         ],
         { reject: false, stdin: 'ignore', timeout: 300_000 },
@@ -421,6 +429,31 @@ describe.runIf(process.getuid?.() === 0)('host adopt with our package installed'
     expect(await readdir(join(l.sitesDir, 'sites'))).toContain(`${domain}.conf`);
     expect((await get(l.defaultPort, 'unknown.example')).body).toContain('Welcome to nginx!');
 
+    // dstack's https service, registered again by the server's sync: served with the
+    // certificate dstack's certbot left in the letsencrypt dir, without an ACME request.
+    const tls = await fetch(`http://127.0.0.1:${apiPort}${dstackPaths.registerService('main')}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(
+        registerServicePayload({
+          runName: 'svc-1',
+          domain: l.domain,
+          https: true,
+          auth: false,
+          model: null,
+          sshPrivateKey: dstackProjectKey().privateKey,
+        }),
+      ),
+    });
+    expect(tls.status, await tls.clone().text()).toBe(200);
+    const kept = new X509Certificate(await readFile(join(l.letsencrypt, 'archive', l.domain, 'cert1.pem'))).fingerprint256;
+    const presented = await eventually(async () => {
+      const fp = await peerFingerprint(l.httpsPort, l.domain).catch(() => undefined);
+      return fp === kept ? fp : undefined;
+    }, 30_000);
+    expect(presented).toBe(kept);
+    await expect(readFile(certbotCalls, 'utf8')).rejects.toThrow(/ENOENT/);
+
     // A second adopt changes nothing and leaves the same gateway running.
     const pid = await listenerPid(apiPort);
     const second = await adopt();
@@ -435,4 +468,16 @@ async function listenerPid(port: number): Promise<number | undefined> {
   const r = await execa('ss', ['-Htlnp', `sport = :${port}`], { reject: false });
   const m = /pid=(\d+)/.exec(String(r.stdout));
   return m ? Number(m[1]) : undefined;
+}
+
+/** The SHA-256 fingerprint of the certificate 127.0.0.1:port presents for `servername`. */
+function peerFingerprint(port: number, servername: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = tlsConnect({ host: '127.0.0.1', port, servername, rejectUnauthorized: false }, () => {
+      const fp = socket.getPeerCertificate().fingerprint256;
+      socket.destroy();
+      resolve(fp);
+    });
+    socket.on('error', reject);
+  });
 }
