@@ -128,6 +128,14 @@ describe('dstack-proxy-install: the script', () => {
     expect(readdirSync(root)).toEqual([]);
   });
 
+  it("adopt takes no --config (it writes an adopted host's config itself)", async () => {
+    const root = tempDir('adopt-usage');
+    const run = await runScript(['adopt', '--root', root, '--config', '/tmp/x.yaml']);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain('dstack-proxy-install: adopt writes the config of an adopted host itself');
+    expect(readdirSync(root)).toEqual([]);
+  });
+
   it('an unknown verb exits 2 with the usage', async () => {
     const run = await runScript(['frobnicate']);
     expect(run.code).toBe(2);
@@ -377,6 +385,28 @@ describe('dstack-proxy-install install', () => {
     ]);
     expect(registry.hits).toEqual(hits);
     expect({ root: snapshot(root), blue: snapshot(blue), modules: snapshot(join(blue, 'node_modules')) }).toEqual(before);
+
+    // adopt: the same bootstrap, handed over to host adopt instead (no --config: adopt writes
+    // an adopted host's config itself).
+    const adopt = await runScript(['adopt', ...args.slice(1), '--', '--dstack-home', '/nonexistent'], { cwd: work });
+    expect(adopt.code).toBe(0);
+    expect(JSON.parse(readFileSync(argvFile, 'utf8'))).toEqual([
+      'host',
+      'adopt',
+      '--root',
+      root,
+      '--slot',
+      'blue',
+      '--package',
+      join(work, 'dstack-proxy-test.tgz'),
+      '--runtime',
+      pins.NODE_VERSION,
+      '--runtime-from',
+      registry.url,
+      '--dstack-home',
+      '/nonexistent',
+    ]);
+    expect(registry.hits).toEqual(hits);
   }, 600_000);
 
   it('installs only the missing distribution packages, noninteractively, and nothing when all are there', async () => {
