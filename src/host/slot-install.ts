@@ -1,25 +1,15 @@
 // Installing a package into a slot: the host's own npm (the pinned one under <root>/runtime,
 // never a system npm the host may not have) run by the active slot's node, into the slot as an
 // npm prefix; then the runtime the NEW package pins, which its own install script fetches and
-// verifies; then the slot's `node` link and slot.json. The slot is removed first, so what is in
-// it afterwards is exactly what this install put there.
+// verifies; then the slot's `node` link and slot.json. The slot is replaced as a whole, so what
+// is in it afterwards is exactly what this install put there.
 
 import { existsSync } from 'node:fs';
-import { mkdir, readdir, readFile, realpath, rm, symlink } from 'node:fs/promises';
+import { chmod, mkdtemp, readdir, readFile, realpath, rename, rm, symlink } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { execa } from 'execa';
 import { writeAtomic } from '../write-atomic.js';
-import {
-  hostPaths,
-  readSlot,
-  slotDir,
-  slotInfoFile,
-  slotNode,
-  slotPackageJson,
-  type Slot,
-  type SlotInfo,
-  type SlotRecord,
-} from './layout.js';
+import { hostPaths, readSlot, slotDir, slotPackageJson, type Slot, type SlotInfo, type SlotRecord } from './layout.js';
 
 /** The install script shipped in a slot's package (`host/dstack-proxy-install`). */
 export function slotInstallScript(root: string, slot: Slot): string {
@@ -106,30 +96,26 @@ export interface SlotInstallOptions {
   timeoutMs?: number;
 }
 
-/** Removes `slot`, installs `spec` into it with its pinned runtime, and returns what is there now. */
-export async function installIntoSlot(o: SlotInstallOptions): Promise<SlotInfo> {
-  const { root, slot } = o;
-  const log = o.log ?? (() => {});
-  const dir = slotDir(root, slot);
-  const nodeReal = await realpath(o.node);
-  // <root>/runtime/node-<v>/bin/node: npm's PATH and the headers dir of that runtime.
-  const runtimeBin = dirname(nodeReal);
-  const runtimeHome = dirname(runtimeBin);
-  const npm = await pickNpm(root, o.npmVersion);
-
-  await rm(dir, { recursive: true, force: true });
-  await mkdir(dir, { recursive: true, mode: 0o755 });
+async function installInto(
+  stage: string,
+  o: SlotInstallOptions,
+  nodeReal: string,
+  runtimeBin: string,
+  runtimeHome: string,
+  npm: string,
+  log: (line: string) => void,
+): Promise<void> {
   const spec = absoluteSpec(o.spec);
-  log(`installing ${o.spec} into ${dir}`);
+  log(`installing ${o.spec} into ${slotDir(o.root, o.slot)}`);
   const install = await execa(
     nodeReal,
-    [npm, 'install', '--prefix', dir, '--omit=dev', '--omit=optional', '--no-audit', '--no-fund', '--no-save', '--no-package-lock', spec],
+    [npm, 'install', '--prefix', stage, '--omit=dev', '--omit=optional', '--no-audit', '--no-fund', '--no-save', '--no-package-lock', spec],
     {
       reject: false,
       all: true,
       stdin: 'ignore',
       timeout: o.timeoutMs ?? 600_000,
-      cwd: dir,
+      cwd: stage,
       env: {
         PATH: `${runtimeBin}:${process.env.PATH ?? '/usr/bin:/bin'}`,
         npm_config_nodedir: runtimeHome,
@@ -142,13 +128,13 @@ export async function installIntoSlot(o: SlotInstallOptions): Promise<SlotInfo> 
       `npm install ${o.spec} failed (${install.timedOut ? 'timed out' : `exit ${install.exitCode}`}): ${tail(String(install.all ?? ''))}`,
     );
   }
-  if (!existsSync(slotPackageJson(root, slot))) {
-    throw new Error(`npm install ${o.spec} installed no dstack-proxy package into ${dir}`);
+  if (!existsSync(join(stage, 'node_modules', 'dstack-proxy', 'package.json'))) {
+    throw new Error(`npm install ${o.spec} installed no dstack-proxy package`);
   }
 
   // The runtime the new package pins: its own script fetches and verifies it (a no-op when present).
-  const script = slotInstallScript(root, slot);
-  const runtime = await execa('sh', [script, 'runtime', '--root', root, ...(o.runtimeFrom ? ['--runtime-from', o.runtimeFrom] : [])], {
+  const script = join(stage, 'node_modules', 'dstack-proxy', 'host', 'dstack-proxy-install');
+  const runtime = await execa('sh', [script, 'runtime', '--root', o.root, ...(o.runtimeFrom ? ['--runtime-from', o.runtimeFrom] : [])], {
     reject: false,
     stdin: 'ignore',
     timeout: o.timeoutMs ?? 600_000,
@@ -166,11 +152,36 @@ export async function installIntoSlot(o: SlotInstallOptions): Promise<SlotInfo> 
     );
   }
   const version = pinned[1]!;
-  await symlink(join('..', 'runtime', `node-${version}`, 'bin', 'node'), slotNode(root, slot));
-  if (!existsSync(slotNode(root, slot))) throw new Error(`${slotNode(root, slot)} points to no runtime (node-${version} is missing)`);
+  await symlink(join('..', 'runtime', `node-${version}`, 'bin', 'node'), join(stage, 'node'));
+  if (!existsSync(join(stage, 'node'))) throw new Error(`the slot's node would point to no runtime (node-${version} is missing)`);
 
-  const record: SlotRecord = { package: o.spec, runtime: version, installedAt: new Date().toISOString() };
-  await writeAtomic(slotInfoFile(root, slot), `${JSON.stringify(record, null, 2)}\n`, { mode: 0o644 });
+  const record: SlotRecord = { package: spec, runtime: version, installedAt: new Date().toISOString() };
+  await writeAtomic(join(stage, 'slot.json'), `${JSON.stringify(record, null, 2)}\n`, { mode: 0o644 });
+}
+
+/** Replaces `slot` by a fresh install of `spec` with its pinned runtime, and returns what is there now. */
+export async function installIntoSlot(o: SlotInstallOptions): Promise<SlotInfo> {
+  const { root, slot } = o;
+  const log = o.log ?? (() => {});
+  const dir = slotDir(root, slot);
+  const nodeReal = await realpath(o.node);
+  // <root>/runtime/node-<v>/bin/node: npm's PATH and the headers dir of that runtime.
+  const runtimeBin = dirname(nodeReal);
+  const runtimeHome = dirname(runtimeBin);
+  const npm = await pickNpm(root, o.npmVersion);
+
+  // Installed into a staging directory beside the slots and renamed over the slot once whole:
+  // a failed install never leaves a slot that looks installed (and the old one, the rollback
+  // target, stays until then). The `node` link is relative, so it is right under either name.
+  const stage = await mkdtemp(join(root, `.tmp-${slot}-`));
+  try {
+    await chmod(stage, 0o755);
+    await installInto(stage, o, nodeReal, runtimeBin, runtimeHome, npm, log);
+    await rm(dir, { recursive: true, force: true });
+    await rename(stage, dir);
+  } finally {
+    await rm(stage, { recursive: true, force: true });
+  }
   const info = await readSlot(root, slot);
   if (!info) throw new Error(`${dir} holds no installed package after the install`);
   return info;
