@@ -1,12 +1,22 @@
-import { spawn } from 'node:child_process';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { execFile, execFileSync, spawn, spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import type { Server } from 'node:http';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { UPDATE_SUCCESS_LINE, readActive, slotPackageJson, type Slot, type SlotInfo } from '../../src/host/layout.js';
 import { decideRollback, decideUpdate, lockFile, takeLock, withLock, type HostActions, type Outcome } from '../../src/host/update.js';
 import { validate } from '../../src/spec/index.js';
 import { openFileStore } from '../../src/state/file-store.js';
+import { installIntoSlot } from '../../src/host/slot-install.js';
+import { waitReady } from '../../src/host/readiness.js';
+import { writeMainConf, type NginxPaths } from '../../src/reconcilers/nginx/nginx-process.js';
 import { runCli } from '../helpers/cli.js';
+import { gatewayDoc } from '../helpers/gateway.js';
+import { request, startEcho } from '../helpers/http.js';
+import { eventually } from '../helpers/nginx.js';
+import { freePorts } from '../helpers/ports.js';
+import { INSTALL_SCRIPT, REPO, packTarball, startRuntimeRegistry, systemctlReplacement } from './fixtures.js';
 import { tmpDir } from '../helpers/tmp.js';
 
 const t = tmpDir();
@@ -249,5 +259,267 @@ describe('gateway --check', () => {
     const bad = await runCli(['gateway', '--config', join(dir, 'bad.yaml'), '--check']);
     expect(bad.code).toBe(1);
     expect(bad.stderr).toMatch(/httpPort|http-port/);
+  });
+});
+
+// ── on a real host ────────────────────────────────────────────────────────────────────────
+// A host installed into a temporary root from a tarball of this checkout, with the real pinned
+// runtime (from a loopback stand-in registry), the unit run by Debian's daemonless systemctl
+// under a temporary sysroot, and a "system" Nginx of the test's own, so that restarting our
+// daemon never restarts Nginx: whether an update reloads it shows in its workers.
+
+interface Run {
+  code: number;
+  stdout: string;
+  stderr: string;
+  ms: number;
+}
+
+function run(argv: string[], timeoutMs = 600_000): Promise<Run> {
+  const start = Date.now();
+  return new Promise((resolve) => {
+    execFile(argv[0]!, argv.slice(1), { maxBuffer: 64 * 1024 * 1024, timeout: timeoutMs }, (error, stdout, stderr) => {
+      const code = error ? (typeof error.code === 'number' ? error.code : 1) : 0;
+      resolve({ code, stdout, stderr, ms: Date.now() - start });
+    });
+  });
+}
+
+/** The pid listening on 127.0.0.1:`port`, from ss. */
+function listenerPid(port: number): number | undefined {
+  const out = execFileSync('ss', ['-ltnpH', `sport = :${port}`], { encoding: 'utf8' });
+  const m = /pid=(\d+)/.exec(out);
+  return m ? Number(m[1]) : undefined;
+}
+
+function childPids(pid: number): number[] {
+  const r = spawnSync('ps', ['-o', 'pid=', '--ppid', String(pid)], { encoding: 'utf8' });
+  return r.stdout
+    .split('\n')
+    .map((l) => Number(l.trim()))
+    .filter((n) => n > 0)
+    .sort((a, b) => a - b);
+}
+
+/**
+ * A host as `host install` leaves it: the runtime, the package in blue, `version`, config.yaml,
+ * host.json, the start script and the unit, started.
+ */
+async function installHost(
+  root: string,
+  tarball: string,
+  settings: { unitName: string; unitDir: string; systemctl: string[]; runtimeFrom: string },
+  config: string[],
+): Promise<void> {
+  const runtime = await run(['sh', INSTALL_SCRIPT, 'runtime', '--root', root, '--runtime-from', settings.runtimeFrom]);
+  expect(runtime.code, runtime.stderr).toBe(0);
+  const node = join(root, 'runtime', runtime.stdout.trim().split('\n').at(-1)!, 'bin', 'node');
+  await installIntoSlot({ root, slot: 'blue', spec: tarball, node, runtimeFrom: settings.runtimeFrom });
+  writeFileSync(join(root, 'version'), 'blue\n');
+  writeFileSync(join(root, 'config.yaml'), `${config.join('\n')}\n`);
+  writeFileSync(join(root, 'host.json'), `${JSON.stringify(settings, null, 2)}\n`);
+  writeFileSync(
+    join(root, 'start'),
+    [
+      '#!/bin/sh',
+      `root=${root}`,
+      'slot=$(cat "$root/version")',
+      'exec "$root/$slot/node" "$root/$slot/node_modules/dstack-proxy/dist/src/cli.js" gateway --config "$root/config.yaml"',
+      '',
+    ].join('\n'),
+    { mode: 0o755 },
+  );
+  writeFileSync(
+    join(settings.unitDir, `${settings.unitName}.service`),
+    [
+      '[Unit]',
+      'Description=dstack-proxy gateway (test)',
+      '[Service]',
+      `ExecStart=/bin/sh ${join(root, 'start')}`,
+      `WorkingDirectory=${root}`,
+      'Restart=always',
+      'LimitNOFILE=65535',
+      '[Install]',
+      'WantedBy=multi-user.target',
+      '',
+    ].join('\n'),
+  );
+  for (const verb of ['daemon-reload', 'start']) {
+    const r = await run([...settings.systemctl, verb, ...(verb === 'start' ? [`${settings.unitName}.service`] : [])], 120_000);
+    expect(r.code, `${verb}: ${r.stderr}`).toBe(0);
+  }
+}
+
+describe('host update and rollback on an installed host', { timeout: 900_000 }, () => {
+  let work: string;
+  let root: string;
+  let sysroot: string;
+  let ngDir: string;
+  let ngPaths: NginxPaths;
+  let registry: Awaited<ReturnType<typeof startRuntimeRegistry>>;
+  let echo: Server;
+  let apiPort: number;
+  let httpPort: number;
+  let settings: { unitName: string; unitDir: string; systemctl: string[]; runtimeFrom: string };
+  let tarballs: { base: string; next: string; brokenCli: string; brokenDaemon: string };
+  let baseVersion: string;
+  let generationHash: { generation: number; hash: string };
+  const readyz = (): Promise<number> =>
+    fetch(`http://127.0.0.1:${apiPort}/readyz`)
+      .then((r) => r.status)
+      .catch(() => 0);
+  const storedMeta = (): { generation: number; hash: string } => {
+    const doc = JSON.parse(readFileSync(join(root, 'state', 'state.json'), 'utf8')) as { metadata: { generation: number; hash: string } };
+    return { generation: doc.metadata.generation, hash: doc.metadata.hash };
+  };
+  const masterPid = (): number => Number(readFileSync(ngPaths.pidPath, 'utf8').trim());
+  const activeCli = (): string[] => {
+    const slot = readFileSync(join(root, 'version'), 'utf8').trim() as Slot;
+    return [join(root, slot, 'node'), join(root, slot, 'node_modules', 'dstack-proxy', 'dist', 'src', 'cli.js')];
+  };
+  const update = (spec: string, version: string, timeout = 60): Promise<Run> =>
+    run([...activeCli(), 'host', 'update', spec, ...(version ? [version] : []), '--root', root, '--ready-timeout', String(timeout)]);
+  const serves = async (): Promise<number> => (await request({ port: httpPort, host: 'app.gw.test' })).status;
+
+  beforeAll(async () => {
+    work = mkdtempSync(join(tmpdir(), 'dp-update-'));
+    root = join(work, 'root');
+    sysroot = join(work, 'sys');
+    mkdirSync(root);
+    execFileSync('npm', ['run', 'build'], { cwd: REPO, stdio: 'pipe' });
+    const packs = join(work, 'packs');
+    tarballs = {
+      base: packTarball(packs),
+      next: packTarball(packs, { version: '0.1.1' }),
+      brokenCli: packTarball(packs, { version: '0.1.2', broken: 'cli' }),
+      brokenDaemon: packTarball(packs, { version: '0.1.3', broken: 'daemon' }),
+    };
+    baseVersion = (JSON.parse(readFileSync(join(REPO, 'package.json'), 'utf8')) as { version: string }).version;
+    registry = await startRuntimeRegistry();
+    const sc = systemctlReplacement(sysroot);
+    settings = { unitName: 'dstack-proxy-test', unitDir: sc.unitDir, systemctl: sc.argv, runtimeFrom: registry.url };
+
+    // The system Nginx: workers as root, to reach the gateway's root-owned sockets.
+    ngDir = join(work, 'nginx');
+    ngPaths = await writeMainConf(ngDir, { user: 'root', workerProcesses: 2 });
+    const ng = await run(['/usr/sbin/nginx', '-p', ngDir, '-c', ngPaths.confPath]);
+    expect(ng.code, ng.stderr).toBe(0);
+
+    let echoPort: number;
+    [apiPort, httpPort, echoPort] = (await freePorts(3)) as [number, number, number];
+    const [httpsPort] = (await freePorts(1)) as [number];
+    echo = await startEcho('app', { port: echoPort });
+    await installHost(root, tarballs.base, settings, [
+      `stateDir: ${join(root, 'state')}`,
+      `apiPort: ${apiPort}`,
+      `httpPort: ${httpPort}`,
+      `httpsPort: ${httpsPort}`,
+      'listenHost: 127.0.0.1',
+      'nginx: system',
+      `sitesDir: ${ngPaths.confDir}`,
+      `nginxConf: ${ngPaths.confPath}`,
+      `reloadCommand: /usr/sbin/nginx -s reload -p ${ngDir} -c ${ngPaths.confPath}`,
+      `testCommand: /usr/sbin/nginx -t -q -p ${ngDir}`,
+      `certbotDir: ${join(root, 'certbot')}`,
+      'resyncInterval: 3600',
+    ]);
+    await expect(waitReady(`http://127.0.0.1:${apiPort}/readyz`, 60_000)).resolves.toMatchObject({ ready: true });
+
+    // A document with one service, and a certificate file that an update must leave alone.
+    const put = await fetch(`http://127.0.0.1:${apiPort}/api/v1/state`, {
+      method: 'PUT',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(gatewayDoc([{ run: 'app', ports: [echoPort] }])),
+    });
+    expect(put.status, await put.text()).toBe(200);
+    await eventually(async () => ((await serves()) === 200 ? true : undefined), 30_000);
+    mkdirSync(join(root, 'certbot', 'config', 'live', 'app.gw.test'), { recursive: true });
+    writeFileSync(join(root, 'certbot', 'config', 'live', 'app.gw.test', 'fullchain.pem'), 'kept\n');
+    generationHash = storedMeta();
+  }, 900_000);
+
+  afterAll(async () => {
+    if (settings) await run([...settings.systemctl, 'stop', `${settings.unitName}.service`], 60_000);
+    if (ngPaths) await run(['/usr/sbin/nginx', '-s', 'stop', '-p', ngDir, '-c', ngPaths.confPath], 30_000);
+    await registry?.close();
+    await new Promise<void>((r) => (echo ? echo.close(() => r()) : r()));
+    if (work) rmSync(work, { recursive: true, force: true });
+  });
+
+  it('updates to another version: the other slot serves, state and certificates kept, Nginx not reloaded', async () => {
+    const before = listenerPid(apiPort);
+    const workers = childPids(masterPid());
+    expect(before).toBeGreaterThan(0);
+    const r = await update(tarballs.next, '0.1.1');
+    console.log(`update to 0.1.1: ${r.ms} ms (exit ${r.code})`);
+    expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(0);
+    expect(r.stdout).toContain(`dstack-proxy 0.1.1 is running in green (previous: blue ${baseVersion})`);
+    expect(r.stdout.trim().split('\n').at(-1)).toBe(UPDATE_SUCCESS_LINE);
+    expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('green');
+    expect(await readyz()).toBe(200);
+    const after = listenerPid(apiPort);
+    expect(after).toBeGreaterThan(0);
+    expect(after).not.toBe(before);
+    expect(storedMeta()).toEqual(generationHash);
+    expect(readFileSync(join(root, 'certbot', 'config', 'live', 'app.gw.test', 'fullchain.pem'), 'utf8')).toBe('kept\n');
+    expect(await serves()).toBe(200);
+    // The rendered sites did not change: the same workers serve (no reload), and the new process counts none.
+    expect(childPids(masterPid())).toEqual(workers);
+    const metrics = await (await fetch(`http://127.0.0.1:${apiPort}/metrics`)).text();
+    expect(metrics).toMatch(/^dstack_proxy_nginx_reloads_total 0$/m);
+  });
+
+  it('the same update again exits early, restarting nothing', async () => {
+    const before = listenerPid(apiPort);
+    const r = await update(tarballs.next, '0.1.1');
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout.trim()).toBe('dstack-proxy 0.1.1 is already installed in green. Skipping...');
+    expect(listenerPid(apiPort)).toBe(before);
+  });
+
+  it('refuses a package whose CLI cannot start before switching: the running slot keeps serving', async () => {
+    const before = listenerPid(apiPort);
+    const r = await update(tarballs.brokenCli, '0.1.2');
+    expect(r.code).toBe(1);
+    expect(r.stdout).not.toContain(UPDATE_SUCCESS_LINE);
+    expect(r.stderr.trim().split('\n')).toHaveLength(1);
+    expect(r.stderr).toMatch(/^update to 0\.1\.2 refused before switching: its gateway --check exited 1: broken build: exits at start/);
+    expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('green');
+    expect(listenerPid(apiPort)).toBe(before);
+    expect(await readyz()).toBe(200);
+  });
+
+  it('rolls back a package whose daemon does not start: exit 3, the previous slot serves again', async () => {
+    const r = await update(tarballs.brokenDaemon, '0.1.3', 10);
+    console.log(`update to a broken daemon, rolled back: ${r.ms} ms (exit ${r.code})`);
+    expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(3);
+    expect(r.stdout).not.toContain(UPDATE_SUCCESS_LINE);
+    const lines = r.stderr.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^update to 0\.1\.3 failed: not ready within 10 s: .+; rolled back to green \(0\.1\.1\)$/);
+    expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('green');
+    expect(await readyz()).toBe(200);
+    expect(await serves()).toBe(200);
+    expect(storedMeta()).toEqual(generationHash);
+  });
+
+  it('host rollback switches to the other slot when it holds a package that runs', async () => {
+    // blue holds the broken daemon now: rolling back to it fails and switches back.
+    const bad = await run([...activeCli(), 'host', 'rollback', '--root', root, '--ready-timeout', '10']);
+    expect(bad.code, bad.stderr).toBe(3);
+    expect(bad.stderr.trim()).toMatch(
+      /^rollback to blue \(0\.1\.3\) failed: not ready within 10 s: .+; switched back to green \(0\.1\.1\)$/,
+    );
+    expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('green');
+    expect(await readyz()).toBe(200);
+
+    // Back to the first package in blue, then roll back to it.
+    const r = await update(tarballs.base, '');
+    expect(r.code, r.stderr).toBe(0);
+    expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('blue');
+    const back = await run([...activeCli(), 'host', 'rollback', '--root', root]);
+    expect(back.code, back.stderr).toBe(0);
+    expect(back.stdout.trim()).toBe('rolled back to green (0.1.1)');
+    expect(await readyz()).toBe(200);
   });
 });
