@@ -1,5 +1,5 @@
 import { execFile, execFileSync, spawn, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import type { Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -263,6 +263,7 @@ describe('gateway --check', () => {
 });
 
 // ── on a real host ────────────────────────────────────────────────────────────────────────
+// (dist must be current: `npm run build` first; the tarballs are packed from it.)
 // A host installed into a temporary root from a tarball of this checkout, with the real pinned
 // runtime (from a loopback stand-in registry), the unit run by Debian's daemonless systemctl
 // under a temporary sysroot, and a "system" Nginx of the test's own, so that restarting our
@@ -336,7 +337,6 @@ async function installHost(
       'Description=dstack-proxy gateway (test)',
       '[Service]',
       `ExecStart=/bin/sh ${join(root, 'start')}`,
-      `WorkingDirectory=${root}`,
       'Restart=always',
       'LimitNOFILE=65535',
       '[Install]',
@@ -372,6 +372,14 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     const doc = JSON.parse(readFileSync(join(root, 'state', 'state.json'), 'utf8')) as { metadata: { generation: number; hash: string } };
     return { generation: doc.metadata.generation, hash: doc.metadata.hash };
   };
+  /** What the unit's process printed (the daemonless systemctl keeps it per unit). */
+  const journal = (): string => {
+    try {
+      return readFileSync(join(sysroot, 'var', 'log', 'journal', `${settings.unitName}.service.log`), 'utf8').slice(-4000);
+    } catch {
+      return '(no journal)';
+    }
+  };
   const masterPid = (): number => Number(readFileSync(ngPaths.pidPath, 'utf8').trim());
   const activeCli = (): string[] => {
     const slot = readFileSync(join(root, 'version'), 'utf8').trim() as Slot;
@@ -383,10 +391,10 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
 
   beforeAll(async () => {
     work = mkdtempSync(join(tmpdir(), 'dp-update-'));
+    chmodSync(work, 0o755); // Nginx's workers (www-data) must reach the gateway's worker dir below it
     root = join(work, 'root');
     sysroot = join(work, 'sys');
     mkdirSync(root);
-    execFileSync('npm', ['run', 'build'], { cwd: REPO, stdio: 'pipe' });
     const packs = join(work, 'packs');
     tarballs = {
       base: packTarball(packs),
@@ -423,7 +431,8 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
       `certbotDir: ${join(root, 'certbot')}`,
       'resyncInterval: 3600',
     ]);
-    await expect(waitReady(`http://127.0.0.1:${apiPort}/readyz`, 60_000)).resolves.toMatchObject({ ready: true });
+    const ready = await waitReady(`http://127.0.0.1:${apiPort}/readyz`, 60_000);
+    expect(ready.ready, journal()).toBe(true);
 
     // A document with one service, and a certificate file that an update must leave alone.
     const put = await fetch(`http://127.0.0.1:${apiPort}/api/v1/state`, {
