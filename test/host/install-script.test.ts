@@ -8,12 +8,14 @@ import {
   copyFileSync,
   existsSync,
   lstatSync,
+  mkdirSync,
   mkdtempSync,
   readdirSync,
   readFileSync,
   readlinkSync,
   rmSync,
   statSync,
+  symlinkSync,
   writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -35,19 +37,37 @@ interface Run {
   stderr: string;
 }
 
-/** The script run through `sh`, as `curl … | sh -s --` would; async so the registry keeps serving. */
-function runScript(args: string[], options: { cwd?: string; env?: NodeJS.ProcessEnv } = {}): Promise<Run> {
+/**
+ * The script run through `sh` with its path, the way the package's bin runs it, or fed on
+ * stdin (`sh -s --`), the way `curl … | sh -s --` does; async so the registry keeps serving.
+ */
+function runScript(
+  args: string[],
+  options: { cwd?: string; env?: NodeJS.ProcessEnv; stdin?: boolean; prefix?: string[] } = {},
+): Promise<Run> {
+  const argv = [...(options.prefix ?? []), 'sh', ...(options.stdin ? ['-s', '--'] : [INSTALL_SCRIPT]), ...args];
   return new Promise((resolve) => {
-    execFile(
-      'sh',
-      [INSTALL_SCRIPT, ...args],
+    const child = execFile(
+      argv[0]!,
+      argv.slice(1),
       { cwd: options.cwd ?? tmpdir(), env: options.env ?? process.env, maxBuffer: 64 * 1024 * 1024, timeout: 600_000 },
       (error, stdout, stderr) => {
         const code = error ? (typeof error.code === 'number' ? error.code : 1) : 0;
         resolve({ code, stdout, stderr });
       },
     );
+    if (options.stdin) child.stdin!.end(readFileSync(INSTALL_SCRIPT));
+    else child.stdin!.end();
   });
+}
+
+/** A directory of stand-in commands (shell scripts) to put first on PATH. */
+function stubCommands(dir: string, commands: Record<string, string>): string {
+  mkdirSync(dir, { recursive: true });
+  for (const [name, body] of Object.entries(commands)) {
+    writeFileSync(join(dir, name), `#!/bin/sh\n${body}\n`, { mode: 0o755 });
+  }
+  return dir;
 }
 
 /** Inode and mtime of every directory entry below `dir` (one level), to tell that nothing changed. */
@@ -115,6 +135,19 @@ describe('dstack-proxy-install: the script', () => {
     expect(run.stderr).toContain('Usage: dstack-proxy-install');
   });
 
+  it('install refuses to run as another user than root, saying so', async () => {
+    // The tests run as root; setpriv drops to nobody for this one run.
+    const root = join(tempDir('nonroot'), 'root');
+    const run = await runScript(['install', '--root', root, '--skip-packages'], {
+      prefix: ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups'],
+    });
+    expect(run.code).toBe(1);
+    expect(run.stderr).toBe(
+      'dstack-proxy-install: install must run as root (it installs packages and a system service); rerun with sudo\n',
+    );
+    expect(existsSync(root)).toBe(false);
+  });
+
   it('an option without its value, or one the verb does not take, exits 2', async () => {
     const noValue = await runScript(['runtime', '--root']);
     expect(noValue.code).toBe(2);
@@ -167,6 +200,49 @@ describe('dstack-proxy-install runtime', () => {
     expect(registry.hits.get(registryPath(node.name, node.version))).toBe(1);
     expect(registry.hits.get(registryPath(npm.name, npm.version))).toBe(1);
     expect({ runtime: snapshot(runtime), node: snapshot(join(runtime, NODE_DIR)), npm: snapshot(join(runtime, NPM_DIR)) }).toEqual(before);
+  }, 300_000);
+
+  it('runs on its own, fed to sh on stdin, and downloads with wget when there is no curl', async () => {
+    // A PATH with only what the script needs, wget instead of curl.
+    const dir = tempDir('wget');
+    const bin = join(dir, 'bin');
+    mkdirSync(bin);
+    const needed = [
+      'sh',
+      'mktemp',
+      'rm',
+      'mkdir',
+      'chmod',
+      'cat',
+      'openssl',
+      'tar',
+      'gzip',
+      'mv',
+      'uname',
+      'id',
+      'tr',
+      'readlink',
+      'dirname',
+      'basename',
+      'ln',
+      'wget',
+    ];
+    for (const name of needed) {
+      const found = execFileSync('sh', ['-c', `command -v ${name}`], { encoding: 'utf8' }).trim();
+      symlinkSync(found, join(bin, name));
+    }
+    const root = join(dir, 'root');
+    const { node } = runtimePackages();
+    const before = registry.hits.get(registryPath(node.name, node.version)) ?? 0;
+    const run = await runScript(['runtime', '--root', root, '--runtime-from', registry.url], {
+      stdin: true,
+      env: { ...process.env, PATH: bin },
+    });
+    expect(run.stderr).not.toContain('curl');
+    expect(run.code).toBe(0);
+    expect(run.stdout).toBe(`${NODE_DIR}\n`);
+    expect(registry.hits.get(registryPath(node.name, node.version))).toBe(before + 1);
+    expect(readdirSync(join(root, 'runtime')).sort()).toEqual([NODE_DIR, NPM_DIR]);
   }, 300_000);
 
   it('refuses a node tarball that does not match its pinned integrity, leaving nothing behind', async () => {
@@ -289,6 +365,41 @@ describe('dstack-proxy-install install', () => {
     expect(registry.hits).toEqual(hits);
     expect({ root: snapshot(root), blue: snapshot(blue), modules: snapshot(join(blue, 'node_modules')) }).toEqual(before);
   }, 600_000);
+
+  it('installs only the missing distribution packages, noninteractively, and nothing when all are there', async () => {
+    // Stand-ins for dpkg-query and apt-get (the machine's own packages are not touched): certbot
+    // and openssl are "missing"; apt-get records its calls. The runtime download then fails on
+    // an empty registry, which ends the run right after the packages step.
+    const dir = tempDir('apt');
+    const log = join(dir, 'apt.log');
+    const missing = join(dir, 'missing');
+    writeFileSync(missing, 'certbot openssl');
+    const bin = stubCommands(join(dir, 'bin'), {
+      'dpkg-query': `for p in $(cat ${missing}); do [ "$p" = "$3" ] && { echo 'unknown ok not-installed'; exit 1; }; done; echo 'install ok installed'`,
+      'apt-get': `echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND $*" >> ${log}`,
+    });
+    const empty = await startTarballRegistry({});
+    try {
+      const env = { ...process.env, PATH: `${bin}:${process.env.PATH}` };
+      const args = ['install', '--root', join(dir, 'root'), '--runtime-from', empty.url];
+      const first = await runScript(args, { env });
+      expect(first.stderr).toContain('dstack-proxy-install: installing certbot openssl from the distribution');
+      expect(first.stderr).toMatch(/^dstack-proxy-install: download of .* failed$/m);
+      expect(first.code).toBe(1);
+      expect(readFileSync(log, 'utf8')).toBe(
+        'DEBIAN_FRONTEND=noninteractive update -qq\nDEBIAN_FRONTEND=noninteractive install -y -qq certbot openssl\n',
+      );
+
+      writeFileSync(missing, '');
+      rmSync(log);
+      const second = await runScript(args, { env });
+      expect(second.code).toBe(1);
+      expect(second.stderr).not.toContain('from the distribution');
+      expect(existsSync(log)).toBe(false);
+    } finally {
+      await empty.close();
+    }
+  });
 
   it('a package that fails to install leaves no slot behind', async () => {
     const root = tempDir('failed');

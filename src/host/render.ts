@@ -1,0 +1,166 @@
+// The texts `host install` writes on a gateway host, as pure functions of their inputs: the
+// start and update scripts, the systemd unit, the default config.yaml, host.json and slot.json.
+// Install compares each with what is on disk and writes only what differs, so the same inputs
+// must always give the same bytes (no timestamps, no ordering that depends on the platform).
+//
+// Every value that lands in a script or the unit is checked first: a path with a newline or a
+// quote could end a directive early and start another one.
+
+import { ProxyError } from '../errors.js';
+import type { HostSettings, SlotRecord } from './layout.js';
+
+/** Characters a root or unit dir may hold: no whitespace, quotes, `$`, `%` or `\` that a shell or systemd would read. */
+const SAFE_PATH = /^\/[A-Za-z0-9_.@+,:=/-]*$/;
+const UNIT_NAME = /^[A-Za-z0-9_.@-]+$/;
+
+function bad(message: string): ProxyError {
+  return new ProxyError('DP_ERR_BAD_OPTION', message);
+}
+
+/** An absolute path safe to write into a shell script or a unit file unquoted. */
+export function checkPath(what: string, path: string): string {
+  if (!path.startsWith('/')) throw bad(`${what} must be an absolute path, not ${JSON.stringify(path)}`);
+  if (!SAFE_PATH.test(path)) {
+    throw bad(
+      `${what} ${JSON.stringify(path)} holds a character a unit file or shell script would misread (allowed: letters, digits, _ . @ + , : = / -)`,
+    );
+  }
+  return path.length > 1 && path.endsWith('/') ? path.replace(/\/+$/, '') : path;
+}
+
+export function checkUnitName(name: string): string {
+  if (!UNIT_NAME.test(name) || name.endsWith('.service')) {
+    throw bad(`unit name ${JSON.stringify(name)} must match ${UNIT_NAME.source} (without .service)`);
+  }
+  return name;
+}
+
+/** One argument of a systemctl argv: anything but control characters (it is never given to a shell). */
+function checkArg(what: string, value: string): string {
+  if (value === '' || /[\u0000-\u001f\u007f]/.test(value))
+    throw bad(`${what} ${JSON.stringify(value)} is empty or holds a control character`);
+  return value;
+}
+
+/** The script the unit runs: the active slot's gateway on the host's config. */
+export function renderStartScript(root: string): string {
+  root = checkPath('the host root', root);
+  return `#!/bin/sh
+# Starts the active slot's gateway; the service unit runs this. Written by
+# \`dstack-proxy host install\`: edits are replaced on the next install or update.
+# The active slot is named in $root/version (blue when there is none yet), so a switch of
+# slots is one write of that file and a restart.
+set -eu
+root='${root}'
+slot=blue
+if [ -f "$root/version" ]; then
+  read -r slot <"$root/version" || true
+fi
+case "$slot" in
+  blue | green) ;;
+  *)
+    echo "$root/version holds '$slot', not blue or green" >&2
+    exit 1
+    ;;
+esac
+cd "$root"
+exec "$root/$slot/node" "$root/$slot/node_modules/dstack-proxy/dist/src/cli.js" gateway --config "$root/config.yaml"
+`;
+}
+
+/** `<root>/update <package-spec> [<version>]`: the active slot's CLI updates the host (what dstack's server runs). */
+export function renderUpdateScript(root: string): string {
+  root = checkPath('the host root', root);
+  return `#!/bin/sh
+# Updates this gateway host: \`update <package-spec> [<version>]\`, run with the active slot's
+# own CLI (it installs into the other slot, checks it, switches and rolls back when the new
+# one is not ready). Written by \`dstack-proxy host install\`.
+set -eu
+root='${root}'
+active=blue
+if [ -f "$root/version" ]; then
+  read -r active <"$root/version" || true
+fi
+case "$active" in
+  blue | green) ;;
+  *)
+    echo "$root/version holds '$active', not blue or green" >&2
+    exit 1
+    ;;
+esac
+exec "$root/$active/node" "$root/$active/node_modules/dstack-proxy/dist/src/cli.js" host update --root "$root" "$@"
+`;
+}
+
+export interface UnitInput {
+  root: string;
+  /** Seconds systemd waits after SIGTERM before it kills: the gateway's drain plus a margin. */
+  timeoutStopSec: number;
+}
+
+/** Seconds added to the drain period for the rest of a graceful stop (Nginx quit, state flush). */
+export const STOP_MARGIN_SECONDS = 30;
+
+export function stopTimeout(drainPeriodSeconds: number): number {
+  return Math.ceil(Math.max(0, drainPeriodSeconds)) + STOP_MARGIN_SECONDS;
+}
+
+/**
+ * The unit. WorkingDirectory carries systemd's `-` (a missing dir is no error) and the start
+ * script changes into the root itself: a daemonless systemctl run with `--root=<tree>` (a
+ * test's unit tree) looks the working dir up inside that tree, where the host root is not.
+ */
+export function renderUnit(input: UnitInput): string {
+  const root = checkPath('the host root', input.root);
+  if (!Number.isInteger(input.timeoutStopSec) || input.timeoutStopSec < 1) {
+    throw bad(`TimeoutStopSec must be a positive whole number of seconds, not ${input.timeoutStopSec}`);
+  }
+  return `# Written by \`dstack-proxy host install\`: edits are replaced on the next install or update.
+[Unit]
+Description=dstack-proxy gateway (${root})
+After=network-online.target nginx.service
+Wants=network-online.target
+
+[Service]
+Type=simple
+ExecStart=/bin/sh ${root}/start
+WorkingDirectory=-${root}
+Restart=always
+RestartSec=2
+LimitNOFILE=65535
+KillSignal=SIGTERM
+TimeoutStopSec=${input.timeoutStopSec}
+
+[Install]
+WantedBy=multi-user.target
+`;
+}
+
+/** config.yaml for a real host: the system Nginx, state under the root. */
+export function renderDefaultConfig(root: string): string {
+  root = checkPath('the host root', root);
+  return `# The gateway's options (camelCase keys of docs/configuration.md). Written once by
+# \`dstack-proxy host install\` and kept afterwards: edit it, then restart the unit.
+stateDir: ${JSON.stringify(`${root}/state`)}
+nginx: system
+sitesDir: /etc/nginx/dstack-proxy
+nginxConf: /etc/nginx/nginx.conf
+`;
+}
+
+export function renderHostSettings(settings: HostSettings): string {
+  checkUnitName(settings.unitName);
+  checkPath('the unit dir', settings.unitDir);
+  if (settings.systemctl.length === 0) throw bad('the systemctl argv is empty');
+  settings.systemctl.forEach((a) => checkArg('a systemctl argument', a));
+  const out: HostSettings = { unitName: settings.unitName, unitDir: settings.unitDir, systemctl: [...settings.systemctl] };
+  if (settings.runtimeFrom !== undefined) out.runtimeFrom = checkArg('--runtime-from', settings.runtimeFrom);
+  return `${JSON.stringify(out, null, 2)}\n`;
+}
+
+export function renderSlotRecord(record: SlotRecord): string {
+  checkArg('the package spec', record.package);
+  checkArg('the runtime version', record.runtime);
+  const out: SlotRecord = { package: record.package, runtime: record.runtime, installedAt: record.installedAt };
+  return `${JSON.stringify(out, null, 2)}\n`;
+}

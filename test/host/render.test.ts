@@ -1,0 +1,189 @@
+// The texts host install writes: deterministic, their values checked, and the two scripts run
+// for real by /bin/sh on a scratch root whose slot `node` is a stand-in printing its argv.
+
+import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { execa } from 'execa';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  checkPath,
+  checkUnitName,
+  renderDefaultConfig,
+  renderHostSettings,
+  renderSlotRecord,
+  renderStartScript,
+  renderUnit,
+  renderUpdateScript,
+  stopTimeout,
+} from '../../src/host/render.js';
+import { readGatewayConfig } from '../../src/host/gateway-config.js';
+import { tmpDir } from '../helpers/tmp.js';
+
+describe('renderUnit', () => {
+  it('runs the start script with the limits, restart policy and stop timeout a gateway needs', () => {
+    const unit = renderUnit({ root: '/opt/dstack-proxy', timeoutStopSec: 60 });
+    expect(unit).toContain('\n[Unit]\nDescription=dstack-proxy gateway (/opt/dstack-proxy)\n');
+    expect(unit).toContain('After=network-online.target nginx.service\nWants=network-online.target\n');
+    for (const line of [
+      'ExecStart=/bin/sh /opt/dstack-proxy/start',
+      'WorkingDirectory=-/opt/dstack-proxy',
+      'Restart=always',
+      'RestartSec=2',
+      'LimitNOFILE=65535',
+      'KillSignal=SIGTERM',
+      'TimeoutStopSec=60',
+    ]) {
+      expect(unit.split('\n')).toContain(line);
+    }
+    expect(unit).toMatch(/\n\[Install\]\nWantedBy=multi-user.target\n$/);
+    expect(renderUnit({ root: '/opt/dstack-proxy', timeoutStopSec: 60 })).toBe(unit);
+  });
+
+  it("gives the gateway's drain period a margin to stop in", () => {
+    expect(stopTimeout(30)).toBe(60);
+    expect(stopTimeout(0)).toBe(30);
+    expect(stopTimeout(2.5)).toBe(33);
+    expect(renderUnit({ root: '/r', timeoutStopSec: stopTimeout(5) })).toContain('\nTimeoutStopSec=35\n');
+  });
+
+  it('refuses values that would break the unit', () => {
+    expect(() => renderUnit({ root: 'relative/root', timeoutStopSec: 60 })).toThrow(/must be an absolute path/);
+    expect(() => renderUnit({ root: '/opt/x\nExecStartPre=/bin/rm', timeoutStopSec: 60 })).toThrow(/would misread/);
+    expect(() => renderUnit({ root: '/opt/with space', timeoutStopSec: 60 })).toThrow(/would misread/);
+    expect(() => renderUnit({ root: '/opt/%n', timeoutStopSec: 60 })).toThrow(/would misread/);
+    expect(() => renderUnit({ root: '/opt/x', timeoutStopSec: 0 })).toThrow(/TimeoutStopSec/);
+  });
+});
+
+describe('checkPath and checkUnitName', () => {
+  it('accepts plain absolute paths (a trailing slash dropped) and unit names', () => {
+    expect(checkPath('r', '/opt/dstack-proxy/')).toBe('/opt/dstack-proxy');
+    expect(checkPath('r', '/tmp/dp-host-AbC_1.2@x')).toBe('/tmp/dp-host-AbC_1.2@x');
+    expect(checkUnitName('dstack-proxy')).toBe('dstack-proxy');
+    expect(checkUnitName('dstack.gateway')).toBe('dstack.gateway');
+    expect(checkUnitName('gw@blue_1')).toBe('gw@blue_1');
+  });
+
+  it('refuses what a shell or systemd would read differently', () => {
+    for (const p of ["/opt/it's", '/opt/$HOME', '/opt/a"b', '/opt/a\\b', '/opt/a\tb', '/opt/`x`']) {
+      expect(() => checkPath('--root', p), p).toThrow(/--root .* holds a character/);
+    }
+    for (const n of ['', 'a b', 'x.service', 'a/b', 'a\nb', 'é']) expect(() => checkUnitName(n), n).toThrow(/unit name/);
+  });
+});
+
+describe('renderDefaultConfig', () => {
+  it('is a valid gateway config for the system Nginx with the state under the root', () => {
+    const t = tmpDir('dp-render-');
+    try {
+      const file = join(t.dir, 'config.yaml');
+      writeFileSync(file, renderDefaultConfig('/opt/dstack-proxy'));
+      const o = readGatewayConfig(file);
+      expect(o).toMatchObject({
+        stateDir: '/opt/dstack-proxy/state',
+        nginx: 'system',
+        sitesDir: '/etc/nginx/dstack-proxy',
+        nginxConf: '/etc/nginx/nginx.conf',
+      });
+    } finally {
+      t.cleanup();
+    }
+  });
+});
+
+describe('renderHostSettings and renderSlotRecord', () => {
+  it('writes exactly the fields, in a fixed order', () => {
+    const text = renderHostSettings({
+      systemctl: ['python3', '/x/systemctl', '--root=/s'],
+      unitDir: '/etc/systemd/system',
+      unitName: 'dstack-proxy',
+    });
+    expect(JSON.parse(text)).toEqual({
+      unitName: 'dstack-proxy',
+      unitDir: '/etc/systemd/system',
+      systemctl: ['python3', '/x/systemctl', '--root=/s'],
+    });
+    expect(text.indexOf('unitName')).toBeLessThan(text.indexOf('systemctl'));
+    expect(
+      JSON.parse(renderHostSettings({ unitName: 'u', unitDir: '/d', systemctl: ['systemctl'], runtimeFrom: 'http://127.0.0.1:1' })),
+    ).toHaveProperty('runtimeFrom', 'http://127.0.0.1:1');
+    expect(() => renderHostSettings({ unitName: 'u', unitDir: '/d', systemctl: [] })).toThrow(/empty/);
+    expect(() => renderHostSettings({ unitName: 'u', unitDir: '/d', systemctl: ['systemctl', 'a\nb'] })).toThrow(/control character/);
+    const record = renderSlotRecord({ package: 'dstack-proxy@0.2.0', runtime: '20.20.2', installedAt: '2026-01-01T00:00:00.000Z' });
+    expect(JSON.parse(record)).toEqual({ package: 'dstack-proxy@0.2.0', runtime: '20.20.2', installedAt: '2026-01-01T00:00:00.000Z' });
+    expect(record.endsWith('}\n')).toBe(true);
+  });
+});
+
+describe('the start and update scripts, run by /bin/sh', () => {
+  let t: { dir: string; cleanup: () => void };
+  let root: string;
+
+  beforeAll(() => {
+    t = tmpDir('dp-render-sh-');
+    root = join(t.dir, 'root');
+    for (const slot of ['blue', 'green']) {
+      mkdirSync(join(root, slot), { recursive: true });
+      // The slot's node: prints which slot it is, its cwd and its arguments, one per line.
+      writeFileSync(join(root, slot, 'node'), `#!/bin/sh\necho ${slot}\npwd\nfor a in "$@"; do echo "$a"; done\n`);
+      chmodSync(join(root, slot, 'node'), 0o755);
+    }
+    writeFileSync(join(root, 'start'), renderStartScript(root));
+    writeFileSync(join(root, 'update'), renderUpdateScript(root));
+  });
+  afterAll(() => t.cleanup());
+
+  const run = async (script: string, args: string[] = []) => {
+    const r = await execa('/bin/sh', [join(root, script), ...args], { reject: false, cwd: '/' });
+    return { exitCode: r.exitCode, lines: String(r.stdout).split('\n'), stderr: String(r.stderr) };
+  };
+
+  it('start runs blue when there is no version file, from the root', async () => {
+    const r = await run('start');
+    expect(r.exitCode).toBe(0);
+    expect(r.lines).toEqual([
+      'blue',
+      root,
+      join(root, 'blue', 'node_modules', 'dstack-proxy', 'dist', 'src', 'cli.js'),
+      'gateway',
+      '--config',
+      join(root, 'config.yaml'),
+    ]);
+  });
+
+  it('start runs the slot the version file names (with or without a newline)', async () => {
+    writeFileSync(join(root, 'version'), 'green\n');
+    expect((await run('start')).lines[0]).toBe('green');
+    writeFileSync(join(root, 'version'), 'green');
+    expect((await run('start')).lines[0]).toBe('green');
+  });
+
+  it('start refuses anything but blue or green', async () => {
+    writeFileSync(join(root, 'version'), '../../bin\n');
+    const r = await run('start');
+    expect(r.exitCode).toBe(1);
+    expect(r.stderr).toContain(`${root}/version holds '../../bin', not blue or green`);
+  });
+
+  it("update runs the active slot's host update with the root and the arguments", async () => {
+    writeFileSync(join(root, 'version'), 'green\n');
+    const r = await run('update', ['dstack-proxy@0.2.0', '0.2.0']);
+    expect(r.exitCode).toBe(0);
+    expect(r.lines.slice(0, 1).concat(r.lines.slice(2))).toEqual([
+      'green',
+      join(root, 'green', 'node_modules', 'dstack-proxy', 'dist', 'src', 'cli.js'),
+      'host',
+      'update',
+      '--root',
+      root,
+      'dstack-proxy@0.2.0',
+      '0.2.0',
+    ]);
+    writeFileSync(join(root, 'version'), 'red\n');
+    expect((await run('update', ['x'])).exitCode).toBe(1);
+  });
+
+  it('both scripts parse as POSIX sh (dash -n)', async () => {
+    for (const s of ['start', 'update']) expect((await execa('dash', ['-n', join(root, s)], { reject: false })).exitCode).toBe(0);
+  });
+});
