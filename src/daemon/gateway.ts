@@ -9,7 +9,7 @@ import { checkManagementExposure, readApiToken } from '../api/api-token.js';
 import type { Clock } from '../clock.js';
 import { checkDstackCompatHost } from '../compat/dstack/index.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
-import { prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
+import { accessLogPath, prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
 import type { GatewayOptions } from '../gateway/options.js';
 import { gatewayRoutes } from '../gateway/routes.js';
 import { fileFirstSeenStore, observeModels } from '../models/index.js';
@@ -51,7 +51,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const stateDir = resolve(options.stateDir);
   // Both touch nothing until used.
   const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
-  const stats = createStatsCollector({ accessLogPath: join(stateDir, 'logs', 'access.log'), logger: logger.child({ component: 'stats' }) });
+  const stats = createStatsCollector({ accessLogPath: accessLogPath(options), logger: logger.child({ component: 'stats' }) });
   const daemon = await assemble({
     logger,
     ...clock,

@@ -48,6 +48,7 @@ export function gatewayLoops(
     entrypointKeyInclude: host.internal.keyInclude,
     trustedProxies: parseTrustedProxies(options.trustedProxies),
     healthCheck: options.healthCheckOk === 'true',
+    defaultServer: options.defaultServer === 'true',
   };
   const ssh = createSshLoop({
     stateDir,
@@ -66,7 +67,7 @@ export function gatewayLoops(
     certbotBin: options.certbotBin,
     timeoutMs: options.certbotTimeout * 1000,
     dnsPreflight: options.dnsPreflight === 'true',
-    ...(options.certbotDir ? { certbotDirs: host.certbotDirs } : {}),
+    certbotDirs: host.certbotDirs,
     ...(options.acmeCaBundle ? { env: { REQUESTS_CA_BUNDLE: resolve(options.acmeCaBundle) } } : {}),
     ...(deps.resolve ? { resolve: deps.resolve } : {}),
   });

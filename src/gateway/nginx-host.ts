@@ -1,9 +1,9 @@
 // What the gateway prepares on the host before its loops exist: the dirs Nginx's workers open,
-// the logs dir, the internal listener the model API reaches Nginx on, certbot's leftovers, and
+// the access log's dir, the internal listener the model API reaches Nginx on, certbot's leftovers, and
 // either a private Nginx master under the state dir or the system one's commands.
 
 import { mkdir } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import type { Logger } from 'pino';
 import { removeEabLeftovers } from '../reconcilers/tls/certbot.js';
 import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
@@ -47,14 +47,19 @@ export async function prepareGatewayHost(options: GatewayOptions, logger: Logger
     worker,
     logger,
   );
-  const logsDir = join(stateDir, 'logs');
-  await mkdir(logsDir, { recursive: true });
+  // An adopted host points this where the system's logrotate already rotates; its dir may
+  // be the system Nginx's own (it exists), or a fresh one of ours.
+  const accessLog = accessLogPath(options);
+  await mkdir(dirname(accessLog), { recursive: true });
   // The model API's way into Nginx: a Unix socket only the gateway's user can reach.
   const internal = await prepareInternalListener(stateDir);
   // certbot's EAB config files (the HMAC key) that a crash during a run left behind.
   const certbotDirs = certbotDirsUnder(options.certbotDir ? resolve(options.certbotDir) : join(stateDir, 'certbot'));
+  // Only the config dir is shared with a certbot that ran before us (/etc/letsencrypt: its
+  // accounts and lineages); its work and logs dirs stay ours.
+  if (options.certbotConfigDir) certbotDirs.configDir = resolve(options.certbotConfigDir);
   await removeEabLeftovers(certbotDirs.workDir);
-  const common = { stateDir, workerDirs, accessLog: join(logsDir, 'access.log'), internal, certbotDirs };
+  const common = { stateDir, workerDirs, accessLog, internal, certbotDirs };
 
   if (options.nginx === 'private') {
     const paths = await writeMainConf(join(stateDir, 'nginx'), {
@@ -88,6 +93,11 @@ export async function prepareGatewayHost(options: GatewayOptions, logger: Logger
   // A file left by a system Nginx that died would make its next reload fail.
   await removeStaleSocket(internal.socketPath);
   return { ...common, nginx: undefined, confDir, mainConfPath, test: (conf) => system.test(conf), reload: (hint) => system.reload(hint) };
+}
+
+/** The access log the sites write and the stats collector follows. */
+export function accessLogPath(options: Pick<GatewayOptions, 'stateDir' | 'accessLog'>): string {
+  return options.accessLog ? resolve(options.accessLog) : join(resolve(options.stateDir), 'logs', 'access.log');
 }
 
 function certbotDirsUnder(dir: string): CertbotDirs {

@@ -3,7 +3,9 @@
 // stops the start with a sentence naming it.
 // docs/configuration.md documents each with its default (test/gateway/options.test.ts checks).
 
+import { isAbsolute } from 'node:path';
 import { ProxyError } from '../errors.js';
+import { quote } from '../reconcilers/nginx/names.js';
 import { parseTrustedProxies } from '../reconcilers/nginx/trusted-proxies.js';
 import { resolveTable, type OptionSources, type OptionSpec } from '../option-table.js';
 
@@ -28,6 +30,8 @@ export interface GatewayOptions {
   proxyReadTimeout: number;
   trustedProxies: string;
   healthCheckOk: 'true' | 'false';
+  defaultServer: 'true' | 'false';
+  accessLog: string | undefined;
   apiTokenFile: string | undefined;
   insecureOpenApi: 'true' | 'false';
   sshKeepaliveInterval: number;
@@ -39,6 +43,7 @@ export interface GatewayOptions {
   certbotBin: string;
   certbotTimeout: number;
   certbotDir: string | undefined;
+  certbotConfigDir: string | undefined;
   acmeCaBundle: string | undefined;
   dnsPreflight: 'true' | 'false';
   dstackCompat: 'true' | 'false';
@@ -116,6 +121,17 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
     default: 'false',
     help: '`true`: the default server (unknown hosts, e.g. a load balancer\'s health check with the instance address as Host) answers `GET /` with 200 `{"status":"ok"}`; other paths stay 404',
   },
+  defaultServer: {
+    kind: 'enum',
+    values: ['true', 'false'],
+    default: 'true',
+    help: "`true`: our catch-all answers unknown hosts (404 on HTTP, the TLS handshake refused on HTTPS); `false`: no `default_server` of ours, so the distribution's default site (Ubuntu's `listen 80 default_server`) keeps answering them; --health-check-ok true needs `true`",
+  },
+  accessLog: {
+    kind: 'string',
+    default: undefined,
+    help: 'the access log the sites write and the stats collector follows (across rotation: rename, then USR1 to the Nginx master); an absolute path; default <state-dir>/logs/access.log. On a host whose logrotate covers /var/log/nginx/*.log: /var/log/nginx/dstack.access.log',
+  },
   apiTokenFile: {
     kind: 'string',
     default: undefined,
@@ -151,6 +167,11 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
     kind: 'string',
     default: undefined,
     help: "certbot's config/work/logs dirs go under this dir; default <state-dir>/certbot (use /etc/letsencrypt-style dirs in system mode)",
+  },
+  certbotConfigDir: {
+    kind: 'string',
+    default: undefined,
+    help: "certbot's --config-dir (accounts, live/<domain>/, renewal/); default <certbot-dir>/config. /etc/letsencrypt reuses the certificates certbot already holds there: a valid one is served without an ACME request",
   },
   acmeCaBundle: {
     kind: 'string',
@@ -196,6 +217,32 @@ export function resolveOptions(sources: OptionSources): GatewayOptions {
   if (options.nginx === 'system' && !options.sitesDir) {
     throw new ProxyError('DP_ERR_BAD_OPTION', '--sites-dir is required with --nginx system');
   }
+  if (options.defaultServer === 'false' && options.healthCheckOk === 'true') {
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      "--health-check-ok true answers on our default server, and --default-server false renders none: drop one of the two (the distribution's default site then answers health checks)",
+    );
+  }
+  if (options.accessLog !== undefined) checkAccessLog(options.accessLog);
   parseTrustedProxies(options.trustedProxies);
   return options;
+}
+
+/**
+ * The access log path is written into every site's `access_log` directive: it must be absolute
+ * (Nginx would take a relative one from its prefix, the stats collector from our cwd) and
+ * writable as an Nginx string (no `$`, which Nginx would interpolate, no control characters).
+ */
+function checkAccessLog(path: string): void {
+  if (!isAbsolute(path) || path.endsWith('/')) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', `--access-log must be the absolute path of a file, got ${JSON.stringify(path)}`);
+  }
+  try {
+    quote(path);
+  } catch (err) {
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      `--access-log ${JSON.stringify(path)} cannot be written into the Nginx sites: ${err instanceof Error ? err.message : String(err)}`,
+    );
+  }
 }

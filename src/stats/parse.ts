@@ -1,5 +1,5 @@
 // The access-log line parser: `$time_iso8601 $host $status $request_time $dstack_replica_hit`
-// (render.ts, log_format dstack_stat), e.g.
+// (render.ts, log_format dstack_proxy_stat), e.g.
 //   2025-01-01T12:00:00+00:00 llama.gw.example.com 200 0.153 1
 // One pass over the bytes of a chunk: no regex, no string per line. Only lines whose last field
 // is 1 (the request reached the replica location) are counted; 0 and - are parsed and skipped.

@@ -32,6 +32,12 @@ export const LIMIT_REQ_ZONE_SIZE = '10m';
 export const REPLICA_LOCATION = '@dstack_replica';
 export const AUTH_LOCATION = '/_dstack_auth';
 export const ACME_PREFIX = '/.well-known/acme-challenge/';
+/**
+ * The access log's format (src/stats/parse.ts reads its lines). Not `dstack_stat`: a host that
+ * dstack's own gateway ran on keeps a sites file declaring a log_format of that name, and Nginx
+ * refuses two log_formats of one name in the same http block.
+ */
+export const LOG_FORMAT = 'dstack_proxy_stat';
 
 const CORS_METHODS = 'GET, POST, PUT, PATCH, DELETE, OPTIONS';
 const CORS_HEADERS = 'Authorization, Content-Type, Accept, OpenAI-Organization, OpenAI-Project, X-Requested-With';
@@ -49,7 +55,7 @@ function text(lines: Lines): string {
 /** The http-level file: log format, maps, default servers. */
 export function renderGlobal(v: GlobalView): string {
   const l: Lines = [MARKER, '# dstack-proxy: http-level settings shared by every site.', ''];
-  l.push("log_format dstack_stat '$time_iso8601 $host $status $request_time $dstack_replica_hit';", '');
+  l.push(`log_format ${LOG_FORMAT} '$time_iso8601 $host $status $request_time $dstack_replica_hit';`, '');
   l.push('# 1 once a request reaches the location that proxies to a replica, 0 for answers given before');
   l.push('# (HTTPS redirect, 401/403 from auth, 429 from limit_req). Defined here so every server has it.');
   l.push(...block('map $host $dstack_replica_hit', ['default 0;']), '');
@@ -59,7 +65,9 @@ export function renderGlobal(v: GlobalView): string {
   if (v.serverNamesHash) {
     l.push('server_names_hash_bucket_size 128;', 'server_names_hash_max_size 65536;', '');
   }
-  if (v.defaultServer) {
+  if (!v.defaultServer) {
+    l.push(...internalDefaultServer(v));
+  } else {
     l.push('# Unknown hosts: 404, except ACME HTTP-01 challenges for domains without a site yet.');
     l.push(
       ...block('server', [
@@ -84,6 +92,25 @@ export function renderGlobal(v: GlobalView): string {
     );
   }
   return text(l);
+}
+
+/**
+ * Without our public default server the distribution's default site answers unknown hosts on
+ * the public ports (a load balancer's health check), and every domain's ACME challenge is
+ * served by its own site (acmeLocation). The internal listener clashes with nobody: its own
+ * default server keeps it bound, and 404 for unknown hosts, while no service has a site yet.
+ */
+function internalDefaultServer(v: GlobalView): Lines {
+  if (!v.listenInternal) return [];
+  return [
+    "# Unknown hosts on the internal listener: 404 (the public ports' default is the distribution's).",
+    ...block('server', [
+      `listen ${v.listenInternal} default_server;`,
+      'server_name _;',
+      'access_log off;',
+      ...block('location /', ['return 404;']),
+    ]),
+  ];
 }
 
 /** The `$dstack_forwarded_proto` X-Forwarded-Proto a site passes on (its redirect reads it too). */
@@ -141,7 +168,7 @@ function serverHead(v: SiteCommon): Lines {
       'ssl_session_timeout 1d;',
     );
   }
-  l.push('', `access_log ${quote(v.accessLogPath)} dstack_stat;`, `client_max_body_size ${v.clientMaxBodySize};`);
+  l.push('', `access_log ${quote(v.accessLogPath)} ${LOG_FORMAT};`, `client_max_body_size ${v.clientMaxBodySize};`);
   return l;
 }
 
@@ -324,7 +351,7 @@ function internalServer(v: ServiceSiteView, listen: string): Lines {
     `server_name ${v.domain};`,
     `listen ${listen};`,
     '',
-    `access_log ${quote(v.accessLogPath)} dstack_stat;`,
+    `access_log ${quote(v.accessLogPath)} ${LOG_FORMAT};`,
     `client_max_body_size ${v.clientMaxBodySize};`,
     'limit_req_status 429;',
     'limit_req_log_level info;',

@@ -82,7 +82,7 @@ describe('global file', () => {
   const text = renderGlobal(views.global);
   it('defines the stats log format, the hit flag and the upgrade map', () => {
     expectLines(text, [
-      "log_format dstack_stat '$time_iso8601 $host $status $request_time $dstack_replica_hit';",
+      "log_format dstack_proxy_stat '$time_iso8601 $host $status $request_time $dstack_replica_hit';",
       'map $host $dstack_replica_hit {',
       'default 0;',
       'map $http_upgrade $dstack_connection_upgrade {',
@@ -105,8 +105,14 @@ describe('global file', () => {
   });
   it('can leave the default server and hash sizes to the operator', () => {
     const t = renderGlobal({ ...views.global, defaultServer: false, serverNamesHash: true });
-    expect(t).not.toContain('default_server');
+    // The public ports' default is the operator's; the internal listener clashes with no one.
+    expect(t.split('\n').filter((line) => line.includes('default_server'))).toEqual([
+      '    listen unix:/var/lib/dstack-proxy/nginx-internal/nginx.sock default_server;',
+    ]);
+    expect(t).not.toContain('ssl_reject_handshake');
     expectLines(t, ['server_names_hash_bucket_size 128;', 'server_names_hash_max_size 65536;']);
+    const noInternal = renderGlobal({ ...views.global, defaultServer: false, listenInternal: null });
+    expect(noInternal).not.toContain('default_server');
   });
 });
 
@@ -181,7 +187,7 @@ describe('service site', () => {
       'proxy_set_header Upgrade $http_upgrade;',
       'proxy_set_header Connection $dstack_connection_upgrade;',
       'proxy_read_timeout 300s;',
-      'access_log /var/log/dstack-proxy/access.log dstack_stat;',
+      'access_log /var/log/dstack-proxy/access.log dstack_proxy_stat;',
     ]);
   });
   it('adds CORS for OpenAI models', () => {
@@ -203,7 +209,7 @@ describe('service site', () => {
       'set_real_ip_from unix:;',
       'real_ip_header X-Real-IP;',
       'limit_req_status 429;',
-      'access_log /var/log/dstack-proxy/access.log dstack_stat;',
+      'access_log /var/log/dstack-proxy/access.log dstack_proxy_stat;',
       'client_max_body_size 1048576;',
       'limit_req zone=ufc32f1ad.main.llama-8b.0.binary_remote_addr burst=20 nodelay;',
       'limit_req zone=ufc32f1ad.main.llama-8b.1.binary_remote_addr burst=5 nodelay;',
