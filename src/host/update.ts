@@ -181,14 +181,20 @@ export interface RealActionsOptions {
   log?: (line: string) => void;
 }
 
+function seconds(since: number): string {
+  return `${((Date.now() - since) / 1000).toFixed(1)} s`;
+}
+
 /** The host's real actions: the runtime's npm, the slot's CLI, the version file, systemctl, /readyz. */
 export function hostActions(o: RealActionsOptions): HostActions {
   const { root, settings } = o;
   const paths = hostPaths(root);
+  const log = o.log ?? (() => {});
   return {
     async install(slot, spec, from) {
+      const started = Date.now();
       const pins = await readScriptPins(slotInstallScript(root, from));
-      return installIntoSlot({
+      const info = await installIntoSlot({
         root,
         slot,
         spec,
@@ -197,8 +203,11 @@ export function hostActions(o: RealActionsOptions): HostActions {
         runtimeFrom: settings.runtimeFrom,
         log: o.log,
       });
+      log(`installed dstack-proxy ${info.version} (node ${info.runtime}) into ${slot} in ${seconds(started)}`);
+      return info;
     },
     async check(slot) {
+      const started = Date.now();
       const r = await execa(slotNode(root, slot), [slotCli(root, slot), 'gateway', '--config', paths.configFile, '--check'], {
         reject: false,
         stdin: 'ignore',
@@ -208,7 +217,10 @@ export function hostActions(o: RealActionsOptions): HostActions {
         env: { PATH: process.env.PATH ?? '/usr/bin:/bin' },
         extendEnv: false,
       });
-      if (r.exitCode === 0) return { ok: true };
+      if (r.exitCode === 0) {
+        log(`checked ${slot}: ${oneLine(String(r.stdout ?? '')) || 'ok'} (${seconds(started)})`);
+        return { ok: true };
+      }
       const said = String(r.stderr ?? '').trim() || String(r.stdout ?? '').trim();
       return { ok: false, reason: `its gateway --check exited ${r.exitCode ?? 'on a signal'}${said ? `: ${said}` : ''}` };
     },
@@ -223,6 +235,7 @@ export function hostActions(o: RealActionsOptions): HostActions {
       } catch (err) {
         return { ok: false, reason: (err as Error).message };
       }
+      const started = Date.now();
       const restarted = await systemctl(settings, ['restart', unitFile(settings)]);
       if (restarted.exitCode !== 0) {
         return {
@@ -231,6 +244,7 @@ export function hostActions(o: RealActionsOptions): HostActions {
         };
       }
       const ready: Readiness = await waitReady(url, o.readyTimeoutMs);
+      if (ready.ready) log(`restarted ${unitFile(settings)} on ${await readActive(root)}: ready in ${seconds(started)}`);
       return ready.ready
         ? { ok: true }
         : { ok: false, reason: `not ready within ${Math.round(o.readyTimeoutMs / 1000)} s: ${ready.reason}` };
@@ -324,6 +338,6 @@ export async function updateHost(o: UpdateOptions, report: Reporter): Promise<nu
 export async function rollbackHost(o: { root: string; readyTimeoutMs: number }, report: Reporter): Promise<number> {
   return withLock(o.root, report, async () => {
     const settings = await readHostSettings(o.root);
-    return decideRollback(o.root, hostActions({ root: o.root, settings, readyTimeoutMs: o.readyTimeoutMs }), report);
+    return decideRollback(o.root, hostActions({ root: o.root, settings, readyTimeoutMs: o.readyTimeoutMs, log: report.out }), report);
   });
 }

@@ -8,7 +8,6 @@ import { UPDATE_SUCCESS_LINE, readActive, slotPackageJson, type Slot, type SlotI
 import { decideRollback, decideUpdate, lockFile, takeLock, withLock, type HostActions, type Outcome } from '../../src/host/update.js';
 import { validate } from '../../src/spec/index.js';
 import { openFileStore } from '../../src/state/file-store.js';
-import { installIntoSlot } from '../../src/host/slot-install.js';
 import { waitReady } from '../../src/host/readiness.js';
 import { writeMainConf, type NginxPaths } from '../../src/reconcilers/nginx/nginx-process.js';
 import { runCli } from '../helpers/cli.js';
@@ -302,52 +301,40 @@ function childPids(pid: number): number[] {
     .sort((a, b) => a - b);
 }
 
-/**
- * A host as `host install` leaves it: the runtime, the package in blue, `version`, config.yaml,
- * host.json, the start script and the unit, started.
- */
+/** A host installed the way an operator does it: the bootstrap script, handing over to `host install`. */
 async function installHost(
   root: string,
   tarball: string,
   settings: { unitName: string; unitDir: string; systemctl: string[]; runtimeFrom: string },
   config: string[],
-): Promise<void> {
-  const runtime = await run(['sh', INSTALL_SCRIPT, 'runtime', '--root', root, '--runtime-from', settings.runtimeFrom]);
-  expect(runtime.code, runtime.stderr).toBe(0);
-  const node = join(root, 'runtime', runtime.stdout.trim().split('\n').at(-1)!, 'bin', 'node');
-  await installIntoSlot({ root, slot: 'blue', spec: tarball, node, runtimeFrom: settings.runtimeFrom });
-  writeFileSync(join(root, 'version'), 'blue\n');
-  writeFileSync(join(root, 'config.yaml'), `${config.join('\n')}\n`);
-  writeFileSync(join(root, 'host.json'), `${JSON.stringify(settings, null, 2)}\n`);
-  writeFileSync(
-    join(root, 'start'),
-    [
-      '#!/bin/sh',
-      `root=${root}`,
-      'slot=$(cat "$root/version")',
-      'exec "$root/$slot/node" "$root/$slot/node_modules/dstack-proxy/dist/src/cli.js" gateway --config "$root/config.yaml"',
-      '',
-    ].join('\n'),
-    { mode: 0o755 },
-  );
-  writeFileSync(
-    join(settings.unitDir, `${settings.unitName}.service`),
-    [
-      '[Unit]',
-      'Description=dstack-proxy gateway (test)',
-      '[Service]',
-      `ExecStart=/bin/sh ${join(root, 'start')}`,
-      'Restart=always',
-      'LimitNOFILE=65535',
-      '[Install]',
-      'WantedBy=multi-user.target',
-      '',
-    ].join('\n'),
-  );
-  for (const verb of ['daemon-reload', 'start']) {
-    const r = await run([...settings.systemctl, verb, ...(verb === 'start' ? [`${settings.unitName}.service`] : [])], 120_000);
-    expect(r.code, `${verb}: ${r.stderr}`).toBe(0);
-  }
+): Promise<Run> {
+  const configFile = join(root, '..', 'gateway.yaml');
+  writeFileSync(configFile, `${config.join('\n')}\n`);
+  const r = await run([
+    'sh',
+    INSTALL_SCRIPT,
+    'install',
+    '--root',
+    root,
+    '--skip-packages',
+    '--package',
+    tarball,
+    '--runtime-from',
+    settings.runtimeFrom,
+    '--config',
+    configFile,
+    '--',
+    '--unit-name',
+    settings.unitName,
+    '--unit-dir',
+    settings.unitDir,
+    '--systemctl',
+    settings.systemctl.join(' '),
+    '--ready-timeout',
+    '90',
+  ]);
+  expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(0);
+  return r;
 }
 
 describe('host update and rollback on an installed host', { timeout: 900_000 }, () => {
@@ -385,8 +372,9 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     const slot = readFileSync(join(root, 'version'), 'utf8').trim() as Slot;
     return [join(root, slot, 'node'), join(root, slot, 'node_modules', 'dstack-proxy', 'dist', 'src', 'cli.js')];
   };
+  // What dstack's server runs: <root>/update, which runs the active slot's `host update`.
   const update = (spec: string, version: string, timeout = 60): Promise<Run> =>
-    run([...activeCli(), 'host', 'update', spec, ...(version ? [version] : []), '--root', root, '--ready-timeout', String(timeout)]);
+    run([join(root, 'update'), spec, ...(version ? [version] : []), '--ready-timeout', String(timeout)]);
   const serves = async (): Promise<number> => (await request({ port: httpPort, host: 'app.gw.test' })).status;
 
   beforeAll(async () => {
@@ -417,7 +405,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     [apiPort, httpPort, echoPort] = (await freePorts(3)) as [number, number, number];
     const [httpsPort] = (await freePorts(1)) as [number];
     echo = await startEcho('app', { port: echoPort });
-    await installHost(root, tarballs.base, settings, [
+    const installed = await installHost(root, tarballs.base, settings, [
       `stateDir: ${join(root, 'state')}`,
       `apiPort: ${apiPort}`,
       `httpPort: ${httpPort}`,
@@ -431,6 +419,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
       `certbotDir: ${join(root, 'certbot')}`,
       'resyncInterval: 3600',
     ]);
+    console.log(`fresh install: ${installed.ms} ms`);
     const ready = await waitReady(`http://127.0.0.1:${apiPort}/readyz`, 60_000);
     expect(ready.ready, journal()).toBe(true);
 
@@ -465,6 +454,14 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     expect(r.stdout).toContain(`dstack-proxy 0.1.1 is running in green (previous: blue ${baseVersion})`);
     expect(r.stdout.trim().split('\n').at(-1)).toBe(UPDATE_SUCCESS_LINE);
     expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('green');
+    const status = await run([...activeCli(), 'host', 'status', '--root', root, '--json']);
+    expect(status.code, status.stderr).toBe(0);
+    expect(JSON.parse(status.stdout)).toMatchObject({
+      active: { slot: 'green', version: '0.1.1' },
+      previousSlot: 'blue',
+      previous: { version: baseVersion },
+      ready: { status: 200 },
+    });
     expect(await readyz()).toBe(200);
     const after = listenerPid(apiPort);
     expect(after).toBeGreaterThan(0);
