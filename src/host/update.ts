@@ -64,6 +64,11 @@ export function oneLine(text: string, max = 400): string {
   return line.length > max ? `${line.slice(0, max - 1)}…` : line;
 }
 
+/** An action that threw after the switch is a failed restart too: the rollback must still run. */
+function restartAndWait(actions: HostActions): Promise<Outcome> {
+  return actions.restartAndWait().catch((err: unknown) => ({ ok: false, reason: (err as Error).message }) as Outcome);
+}
+
 function describe(info: SlotInfo): string {
   return `${info.slot} (${info.version || 'unknown version'})`;
 }
@@ -108,14 +113,14 @@ export async function decideUpdate(root: string, spec: string, version: string, 
   }
 
   await actions.activate(target);
-  const ready = await actions.restartAndWait();
+  const ready = await restartAndWait(actions);
   if (ready.ok) {
     report.out(`dstack-proxy ${label} is running in ${target} (previous: ${active} ${current.version || 'unknown version'})`);
     report.out(UPDATE_SUCCESS_LINE);
     return 0;
   }
   await actions.activate(active);
-  const back = await actions.restartAndWait();
+  const back = await restartAndWait(actions);
   if (back.ok) {
     report.err(`update to ${label} failed: ${oneLine(ready.reason)}; rolled back to ${describe(current)}`);
     return EXIT_ROLLED_BACK;
@@ -141,14 +146,14 @@ export async function decideRollback(root: string, actions: HostActions, report:
   }
   const current = await readSlot(root, active);
   await actions.activate(target);
-  const ready = await actions.restartAndWait();
+  const ready = await restartAndWait(actions);
   if (ready.ok) {
     report.out(`rolled back to ${describe(previous)}`);
     return 0;
   }
   const here = current ? describe(current) : active;
   await actions.activate(active);
-  const back = await actions.restartAndWait();
+  const back = await restartAndWait(actions);
   if (back.ok) {
     report.err(`rollback to ${describe(previous)} failed: ${oneLine(ready.reason)}; switched back to ${here}`);
     return EXIT_ROLLED_BACK;

@@ -449,7 +449,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     const workers = childPids(masterPid());
     expect(before).toBeGreaterThan(0);
     const r = await update(tarballs.next, '0.1.1');
-    console.log(`update to 0.1.1: ${r.ms} ms (exit ${r.code})`);
+    console.log(`update to 0.1.1: ${r.ms} ms (exit ${r.code})\n${r.stdout}`);
     expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(0);
     expect(r.stdout).toContain(`dstack-proxy 0.1.1 is running in green (previous: blue ${baseVersion})`);
     expect(r.stdout.trim().split('\n').at(-1)).toBe(UPDATE_SUCCESS_LINE);
@@ -525,7 +525,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('blue');
     const back = await run([...activeCli(), 'host', 'rollback', '--root', root]);
     expect(back.code, back.stderr).toBe(0);
-    expect(back.stdout.trim()).toBe('rolled back to green (0.1.1)');
+    expect(back.stdout.trim().split('\n').at(-1)).toBe('rolled back to green (0.1.1)');
     expect(await readyz()).toBe(200);
   });
 });
