@@ -495,6 +495,19 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     expect(await readyz()).toBe(200);
   });
 
+  it('refuses a package npm cannot install: the unused slot keeps what it held', async () => {
+    const before = listenerPid(apiPort);
+    const held = readFileSync(join(root, 'blue', 'node_modules', 'dstack-proxy', 'package.json'), 'utf8');
+    const r = await update(join(work, 'no-such-package.tgz'), '0.9.9');
+    expect(r.code).toBe(1);
+    expect(r.stdout).not.toContain(UPDATE_SUCCESS_LINE);
+    expect(r.stderr.trim().split('\n')).toHaveLength(1);
+    expect(r.stderr).toMatch(/^update to 0\.9\.9 refused before switching: npm install .*no-such-package\.tgz failed \(exit \d+\)/);
+    expect(readFileSync(join(root, 'blue', 'node_modules', 'dstack-proxy', 'package.json'), 'utf8')).toBe(held);
+    expect(readFileSync(join(root, 'version'), 'utf8').trim()).toBe('green');
+    expect(listenerPid(apiPort)).toBe(before);
+  });
+
   it('rolls back a package whose daemon does not start: exit 3, the previous slot serves again', async () => {
     const r = await update(tarballs.brokenDaemon, '0.1.3', 10);
     console.log(`update to a broken daemon, rolled back: ${r.ms} ms (exit ${r.code})`);
