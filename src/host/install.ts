@@ -100,6 +100,7 @@ export async function installHost(o: InstallOptions): Promise<InstallReport> {
   const startText = renderStartScript(root);
   const updateText = renderUpdateScript(root);
   const configText = await chooseConfig(paths.configFile, o.configFile, root);
+  const previousActive = await readActive(root);
   // slot.json describes what the bootstrap (or an update) put into the slot; a rerun of the
   // bootstrap keeps an installed slot as it is, so an existing record stays true and is kept.
   const recordFile = slotInfoFile(root, o.slot);
@@ -119,7 +120,6 @@ export async function installHost(o: InstallOptions): Promise<InstallReport> {
   const options = readGatewayConfig(paths.configFile);
   await put(paths.hostFile, hostText, 0o600);
   const recordOutcome = await put(recordFile, recordText, 0o644);
-  const previousActive = await readActive(root);
   if (previousActive === undefined) await put(paths.versionFile, `${o.slot}\n`, 0o644);
   const active = previousActive ?? o.slot;
   const startOutcome = await put(paths.startScript, startText, 0o755);
@@ -217,6 +217,9 @@ export async function writeIfChanged(path: string, text: string, mode: number, c
   }
   await writeAtomic(path, text, {
     mode,
+    // A host without systemd may have no unit dir yet.
+    makeDir: true,
+    dirMode: 0o755,
     fsyncFile: true,
     // The umask must not take bits off a script the unit executes.
     beforeRename: async (temp) => {

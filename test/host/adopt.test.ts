@@ -116,6 +116,8 @@ describe('host adopt', () => {
 
     // a. dstack's app is stopped and its unit disabled and moved away.
     expect((await systemctl(l, 'is-active', 'dstack.gateway')).stdout.trim()).not.toBe('active');
+    const appPid = Number((await readFile(l.appPidFile, 'utf8')).trim());
+    expect(await eventually(() => (alive(appPid) ? undefined : true), 10_000)).toBe(true);
     const adopted = r.adoptedDir!;
     expect(adopted).toMatch(new RegExp(`^${l.root}/adopted/\\d{8}T\\d{6}Z$`));
     const unitFile = join(l.unitDir, 'dstack.gateway.service');
@@ -480,4 +482,13 @@ function peerFingerprint(port: number, servername: string): Promise<string> {
     });
     socket.on('error', reject);
   });
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
 }

@@ -448,6 +448,15 @@ function alive(pid: number): boolean {
  */
 export async function makeDstackLayout(opts: { domain?: string } = {}): Promise<DstackLayout> {
   const dir = await mkdtemp(join(tmpdir(), 'dp-dstack-host-'));
+  try {
+    return await build(dir, opts);
+  } catch (err) {
+    await rm(dir, { recursive: true, force: true });
+    throw err;
+  }
+}
+
+async function build(dir: string, opts: { domain?: string }): Promise<DstackLayout> {
   // The system Nginx's workers (www-data) read the web root under it, as under /var/www.
   chmodSync(dir, 0o755);
   const [defaultPort, httpPort, httpsPort] = await freePorts(3);

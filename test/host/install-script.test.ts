@@ -285,7 +285,7 @@ describe('dstack-proxy-install runtime', () => {
       const run = await runScript(['runtime', '--root', root, '--runtime-from', empty.url]);
       expect(run.code).toBe(1);
       expect(run.stderr).toMatch(
-        /^dstack-proxy-install: download of http:\/\/127\.0\.0\.1:\d+\/node-linux-\w+\/-\/node-linux-\w+-[\d.]+\.tgz failed$/m,
+        /^dstack-proxy-install: download of http:\/\/127\.0\.0\.1:\d+\/node-linux-\w+\/-\/node-linux-\w+-[\d.]+\.tgz failed: .*404.*$/m,
       );
       expect(readdirSync(join(root, 'runtime'))).toEqual([]);
     } finally {
@@ -327,6 +327,19 @@ describe('dstack-proxy-install install', () => {
     for (const dir of [root, blue]) expect(statSync(dir).mode & 0o777).toBe(0o755);
     // No staging directory left beside the slots.
     expect(readdirSync(root).sort()).toEqual(['blue', 'runtime']);
+
+    // The copy shipped in the package (its second bin) is what host update runs for the
+    // runtime: it finds the runtime in place and downloads nothing.
+    const shipped = join(blue, 'node_modules', '.bin', 'dstack-proxy-install');
+    expect(readlinkSync(shipped)).toBe('../dstack-proxy/host/dstack-proxy-install');
+    const hitsBefore = new Map(registry.hits);
+    const runtime = await new Promise<string>((resolve, reject) =>
+      execFile(shipped, ['runtime', '--root', root, '--runtime-from', registry.url], (error, stdout) =>
+        error ? reject(error) : resolve(stdout),
+      ),
+    );
+    expect(runtime).toBe(`${NODE_DIR}\n`);
+    expect(registry.hits).toEqual(hitsBefore);
 
     // What host install does once it succeeds: the active slot is named in `version`. From then
     // on install leaves the slot alone (changes go through update) and hands over again; a stub
@@ -384,7 +397,7 @@ describe('dstack-proxy-install install', () => {
       const args = ['install', '--root', join(dir, 'root'), '--runtime-from', empty.url];
       const first = await runScript(args, { env });
       expect(first.stderr).toContain('dstack-proxy-install: installing certbot openssl from the distribution');
-      expect(first.stderr).toMatch(/^dstack-proxy-install: download of .* failed$/m);
+      expect(first.stderr).toMatch(/^dstack-proxy-install: download of .* failed: .*404.*$/m);
       expect(first.code).toBe(1);
       expect(readFileSync(log, 'utf8')).toBe(
         'DEBIAN_FRONTEND=noninteractive update -qq\nDEBIAN_FRONTEND=noninteractive install -y -qq certbot openssl\n',

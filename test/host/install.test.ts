@@ -438,6 +438,9 @@ exit 0
     await expect(installHost(options({ unitName: 'a b' }))).rejects.toThrow(/unit name/);
     await expect(installHost(options({ unitDir: 'units' }))).rejects.toThrow(/--unit-dir must be an absolute path/);
     await expect(installHost(options({ slot: 'green' }))).rejects.toThrow(/install the runtime and the package into green first/);
+    writeFileSync(join(r, 'version'), 'purple\n');
+    await expect(installHost(options({ configFile: cfgA }))).rejects.toThrow(/version holds "purple", not blue or green/);
+    writeFileSync(join(r, 'version'), 'blue\n');
     expect(readFileSync(join(r, 'config.yaml'), 'utf8')).toBe(before);
     expect(recorded()).toEqual([]);
   });
