@@ -114,8 +114,8 @@ export async function startRuntimeRegistry(): Promise<{ url: string; hits: Map<s
  * process under `dir`.
  *  - `version`: package.json's version field;
  *  - `broken: 'cli'`: the CLI exits 1 before doing anything (a package that cannot even start);
- *  - `broken: 'daemon'`: every command works but `gateway`, which exits 1 at start (passes a
- *    pre-switch check that does not start the daemon, fails after the switch).
+ *  - `broken: 'daemon'`: every command works but `gateway`, which exits 1 at start (passes the
+ *    pre-switch `gateway --check`, which starts no daemon, and fails after the switch).
  */
 export function packTarball(dir: string, variant: { version?: string; broken?: 'cli' | 'daemon' } = {}): string {
   mkdirSync(dir, { recursive: true });
@@ -150,7 +150,7 @@ export function packTarball(dir: string, variant: { version?: string; broken?: '
       cli,
       [
         shebang,
-        "if (process.argv[2] === 'gateway') { process.stderr.write('broken build: the daemon exits at start\\n'); process.exit(1); }",
+        "if (process.argv[2] === 'gateway' && !process.argv.includes('--check')) { process.stderr.write('broken build: the daemon exits at start\\n'); process.exit(1); }",
         ...rest,
       ].join('\n'),
     );
