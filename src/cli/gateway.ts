@@ -22,7 +22,13 @@ ${helpLines(OPTION_SPECS)}
 Stops gracefully on SIGINT/SIGTERM. See docs/configuration.md.`,
   async run(argv, io) {
     const check = argv.includes('--check');
-    const options = resolveOptions({ ...parseTableFlags(OPTION_SPECS, argv.filter((a) => a !== '--check')), env: io.env });
+    const options = resolveOptions({
+      ...parseTableFlags(
+        OPTION_SPECS,
+        argv.filter((a) => a !== '--check'),
+      ),
+      env: io.env,
+    });
     if (check) return checkGatewayConfig(options, io);
     const gateway = await startGateway(options);
     // Handlers first, then the line saying we are up: whoever signals on reading it reaches them.

@@ -18,7 +18,7 @@ export function readyTimeoutMs(raw: string | undefined): number {
 export const hostUpdateCommand: Command = {
   name: 'update',
   summary: 'install a package into the unused slot, check it, switch, and roll back if it is not ready',
-  help: `Usage: dstack-proxy host update <package-spec> [<version>] [--root DIR] [--ready-timeout SECONDS]
+  help: `Usage: dstack-proxy host update [<package-spec> [<version>]] [--root DIR] [--ready-timeout SECONDS]
 
 Install <package-spec> (dstack-proxy@0.2.0, a tarball path or URL) into the slot that is not
 active, check it against the current config and state (its own "gateway --check"), switch the
@@ -27,6 +27,8 @@ restart the previous slot.
 
 With <version>: nothing is done when the active slot already has it, and a package of another
 version is refused. Without it (an unversioned build) the package is always installed.
+Without any argument (what an adopted host's dstack update.sh runs) the running slot stays and
+the command says it is already installed.
 
 Prints "Update successfully completed" only when the new slot serves.
 Exit codes: 0 updated or already current; 1 refused or failed before switching (the running
@@ -42,8 +44,7 @@ Options:
       allowPositionals: true,
       strict: true,
     });
-    const [spec, version = '', ...extra] = positionals;
-    if (!spec) throw new UsageError('a package spec is required');
+    const [spec = '', version = '', ...extra] = positionals;
     if (extra.length > 0) throw new UsageError(`unexpected arguments: ${extra.join(' ')}`);
     const timeout = readyTimeoutMs(values['ready-timeout']);
     return updateHost(

@@ -75,7 +75,8 @@ function describe(info: SlotInfo): string {
 
 /**
  * The update's decisions, given the host's actions: skip, install, check, switch, wait, roll back.
- * `version` '' means an unversioned build: it is always installed.
+ * `version` '' means an unversioned build: it is always installed. `spec` '' (no arguments)
+ * keeps the running slot and says so.
  */
 export async function decideUpdate(root: string, spec: string, version: string, actions: HostActions, report: Reporter): Promise<number> {
   const active = await readActive(root);
@@ -87,6 +88,13 @@ export async function decideUpdate(root: string, spec: string, version: string, 
   if (!current) {
     report.err(`update refused: the active slot ${active} holds no installed package`);
     return EXIT_REFUSED;
+  }
+  if (spec === '') {
+    // No package named: what an adopted host's update.sh runs when dstack's server asks it to
+    // update dstack's own app (its arguments name dstack's wheel, so they are not passed on).
+    // The running slot stays; an operator updates this gateway by naming a package.
+    report.out(`dstack-proxy ${current.version || '(unknown version)'} is already installed in ${active}. Skipping...`);
+    return 0;
   }
   if (version !== '' && current.version === version) {
     report.out(`dstack-proxy ${version} is already installed in ${active}. Skipping...`);

@@ -89,6 +89,16 @@ describe('update: the decisions', () => {
     expect(done).toEqual([]);
   });
 
+  it('with no package named (the update.sh of an adopted host), keeps the running slot and says so', async () => {
+    const root = host('green', '0.1.0');
+    const { actions, done } = scripted(root, {});
+    const r = reporter();
+    expect(await decideUpdate(root, '', '', actions, r.report)).toBe(0);
+    expect(r.out).toEqual(['dstack-proxy 0.1.0 is already installed in green. Skipping...']);
+    expect(r.err).toEqual([]);
+    expect(done).toEqual([]);
+  });
+
   it('always reinstalls an unversioned build, and reports success only when ready', async () => {
     const root = host('blue', '0.1.0');
     const { actions, done } = scripted(root, { installs: '0.1.0' });
