@@ -144,10 +144,12 @@ describe('dstack-proxy-install: the script', () => {
   });
 
   it('install refuses to run as another user than root, saying so', async () => {
-    // The tests run as root; setpriv drops to nobody for this one run.
+    // The tests run as root; setpriv drops to nobody for this one run. The script comes on
+    // stdin (as with curl | sh): nobody may not be able to read the checkout (a clone in /root).
     const root = join(tempDir('nonroot'), 'root');
     const run = await runScript(['install', '--root', root, '--skip-packages'], {
       prefix: ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups'],
+      stdin: true,
     });
     expect(run.code).toBe(1);
     expect(run.stderr).toBe(
