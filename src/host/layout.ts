@@ -140,3 +140,18 @@ export async function readSlot(root: string, slot: Slot): Promise<SlotInfo | und
     installedAt: typeof record.installedAt === 'string' ? record.installedAt : '',
   };
 }
+
+/** host.json: how this host was installed. */
+export async function readHostSettings(root: string): Promise<HostSettings> {
+  const file = hostPaths(root).hostFile;
+  let raw: Partial<HostSettings>;
+  try {
+    raw = JSON.parse(await readFile(file, 'utf8')) as Partial<HostSettings>;
+  } catch (err) {
+    throw new Error(`cannot read ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message} (is this host installed?)`);
+  }
+  if (typeof raw.unitName !== 'string' || !Array.isArray(raw.systemctl) || raw.systemctl.some((a) => typeof a !== 'string')) {
+    throw new Error(`${file} lacks unitName or systemctl`);
+  }
+  return raw as HostSettings;
+}

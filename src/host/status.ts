@@ -3,10 +3,9 @@
 // Reading never changes anything, and every part that cannot be read says why instead of
 // failing the whole answer: a host with a stopped unit or a broken config still has a status.
 
-import { readFile } from 'node:fs/promises';
 import { ProxyError } from '../errors.js';
 import { readGatewayConfig, readyUrl } from './gateway-config.js';
-import { hostPaths, otherSlot, readActive, readSlot, type HostSettings, type Slot, type SlotInfo } from './layout.js';
+import { hostPaths, otherSlot, readActive, readHostSettings, readSlot, type Slot, type SlotInfo } from './layout.js';
 import { systemctl, unitFile } from './systemctl.js';
 
 export interface HostStatus {
@@ -31,12 +30,12 @@ export async function hostStatus(root: string): Promise<HostStatus> {
 
   let unit: HostStatus['unit'];
   try {
-    const settings = JSON.parse(await readFile(paths.hostFile, 'utf8')) as HostSettings;
+    const settings = await readHostSettings(root);
     const name = unitFile(settings);
     const r = await systemctl(settings, ['is-active', name], 30_000);
     unit = { name, state: r.stdout.trim().split('\n').pop() || (r.exitCode === 0 ? 'active' : `is-active exited ${r.exitCode}`) };
   } catch (err) {
-    unit = { name: undefined, error: `${paths.hostFile}: ${(err as Error).message}` };
+    unit = { name: undefined, error: (err as Error).message };
   }
 
   let ready: HostStatus['ready'];

@@ -12,7 +12,6 @@
 // rollback either.
 
 import { closeSync, openSync, readFileSync, unlinkSync, writeSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { writeAtomic } from '../write-atomic.js';
@@ -22,6 +21,7 @@ import {
   hostPaths,
   otherSlot,
   readActive,
+  readHostSettings,
   readSlot,
   slotCli,
   slotNode,
@@ -170,21 +170,6 @@ export async function decideRollback(root: string, actions: HostActions, report:
     `rollback to ${describe(previous)} failed: ${oneLine(ready.reason)}; switching back to ${here} did not make it ready either: ${oneLine(back.reason)}`,
   );
   return EXIT_ROLLBACK_FAILED;
-}
-
-/** host.json: how this host was installed. */
-export async function readHostSettings(root: string): Promise<HostSettings> {
-  const file = hostPaths(root).hostFile;
-  let raw: Partial<HostSettings>;
-  try {
-    raw = JSON.parse(await readFile(file, 'utf8')) as Partial<HostSettings>;
-  } catch (err) {
-    throw new Error(`cannot read ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message} (is this host installed?)`);
-  }
-  if (typeof raw.unitName !== 'string' || !Array.isArray(raw.systemctl) || raw.systemctl.some((a) => typeof a !== 'string')) {
-    throw new Error(`${file} lacks unitName or systemctl`);
-  }
-  return raw as HostSettings;
 }
 
 export interface RealActionsOptions {
