@@ -62,6 +62,7 @@ export function renderGlobal(v: GlobalView): string {
   l.push('# Upstream keepalive needs Connection "" on plain requests; WebSocket upgrades pass "upgrade".');
   l.push(...block('map $http_upgrade $dstack_connection_upgrade', ['default upgrade;', "'' '';"]), '');
   l.push(...trustedProxies(v));
+  l.push(...internalRealIp(v));
   if (v.serverNamesHash) {
     l.push('server_names_hash_bucket_size 128;', 'server_names_hash_max_size 65536;', '');
   }
@@ -126,7 +127,7 @@ export const FORWARDED_PROTO_VARIABLE = '$dstack_forwarded_proto';
  * X-Forwarded-Proto of a trusted peer is kept when it is http or https (Nginx's map ignores case;
  * the value passed on is lower case). Trust is decided on the connection's own peer
  * ($realip_remote_addr): what anyone else sends is replaced. A service's internal-listener
- * server sets its own real_ip directives, which replace these there.
+ * server takes the client from X-Real-IP instead (internalRealIp).
  */
 function trustedProxies(v: GlobalView): Lines {
   if (v.trustedProxies.length === 0) return [];
@@ -142,6 +143,18 @@ function trustedProxies(v: GlobalView): Lines {
     '',
   );
   return l;
+}
+
+/**
+ * The internal listener's peer, the only one whose X-Real-IP is believed: a Unix socket only the
+ * gateway can connect to. Trusting `unix:` at http level changes nothing for the public servers
+ * (their peers are TCP addresses, never `unix:`) and spares every internal-listener server a
+ * set_real_ip_from of its own: Nginx builds one address list per server that sets one, which
+ * made a reload of 10,000 services a third slower.
+ */
+function internalRealIp(v: GlobalView): Lines {
+  if (!v.listenInternal) return [];
+  return ["# The gateway's own model API (internal listener): its X-Real-IP names the client.", 'set_real_ip_from unix:;', ''];
 }
 
 /** `GET /` → 200 on the default server, for a load balancer's health check (Host: an address). */
@@ -346,8 +359,8 @@ function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
 /**
  * The service on the internal listener, for the gateway's model API: the same limits and
  * replica, no auth_request (the model API checked the token), no redirect or CORS. The client's
- * address comes from X-Real-IP — set_real_ip_from unix: trusts it only on this socket, which
- * only the gateway can connect to — so limits keyed by address count per client.
+ * address comes from X-Real-IP — the global file's set_real_ip_from unix: trusts it only on this
+ * socket, which only the gateway can connect to — so limits keyed by address count per client.
  */
 function internalServer(v: ServiceSiteView, listen: string): Lines {
   const body: Lines = [
@@ -359,7 +372,6 @@ function internalServer(v: ServiceSiteView, listen: string): Lines {
     'limit_req_status 429;',
     'limit_req_log_level info;',
     ...tryFilesRoot(v),
-    'set_real_ip_from unix:;',
     'real_ip_header X-Real-IP;',
     ...locations(v, { auth: false }),
     '',

@@ -103,6 +103,11 @@ describe('global file', () => {
   it('answers unknown hosts on the internal listener with 404 too', () => {
     expectLines(text, ['listen unix:/var/lib/dstack-proxy/nginx-internal/nginx.sock default_server;']);
   });
+  it('believes X-Real-IP from the internal listener only, once for every site', () => {
+    expect(text.split('\n')).toContain('set_real_ip_from unix:;');
+    expect(renderGlobal({ ...views.global, listenInternal: null })).not.toContain('set_real_ip_from');
+    for (const [name, site] of renderAll(views)) if (name !== views.global.fileName) expect(site).not.toContain('set_real_ip_from');
+  });
   it('can leave the default server and hash sizes to the operator', () => {
     const t = renderGlobal({ ...views.global, defaultServer: false, serverNamesHash: true });
     // The public ports' default is the operator's; the internal listener clashes with no one.
@@ -206,7 +211,6 @@ describe('service site', () => {
     expectLines(internal, [
       'server_name llama-8b.gw.test;',
       INTERNAL,
-      'set_real_ip_from unix:;',
       'real_ip_header X-Real-IP;',
       'limit_req_status 429;',
       'access_log /var/log/dstack-proxy/access.log dstack_proxy_stat;',
