@@ -35,7 +35,9 @@ async function startReplica(name: string): Promise<Replica> {
   });
   server.on('upgrade', (req: IncomingMessage, socket: Socket) => {
     socket.on('error', () => socket.destroy());
-    socket.end(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n${name} ${JSON.stringify(req.rawHeaders)}`);
+    socket.end(
+      `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n${name} ${JSON.stringify(req.rawHeaders)}`,
+    );
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return { server, port: (server.address() as { port: number }).port };
