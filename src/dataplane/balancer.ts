@@ -1,6 +1,9 @@
-// The sockets Nginx connects to: one listening Unix socket per service. Each accepted connection
-// is relayed request by request (relay-connection.ts) to the replica replicas.ts chooses for each
-// request; with no replica to take a request the client gets the catalog's JSON answer.
+// The sockets Nginx connects to: one listening Unix socket per service, or (`shared`) one socket
+// for them all, each request naming its service in a header the Nginx site sets. One socket is one
+// upstream and one keep-alive pool in Nginx whatever the number of services; a socket per service
+// is a pool (and a file, a bind) per service. Each accepted connection is relayed request by
+// request (relay-connection.ts) to the replica replicas.ts chooses for each request; with no
+// replica to take a request the client gets the catalog's JSON answer.
 
 import { createHash } from 'node:crypto';
 import { chmod, chown, mkdir, unlink } from 'node:fs/promises';
@@ -9,6 +12,7 @@ import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { RelayConnection } from './relay-connection.js';
 import type { Replicas } from './replicas.js';
+import { SHARED_SOCKET_NAME } from './service-header.js';
 
 export { splice } from './splice.js';
 
@@ -16,6 +20,12 @@ export interface BalancerOptions {
   socketDir: string;
   /** The replicas requests are sent to. */
   replicas: Replicas;
+  /**
+   * One socket (<socketDir>/dataplane.sock) for every service, the service named per request by
+   * SERVICE_HEADER; listenAll() then binds it once and records which services are served.
+   * Default false: a socket per service.
+   */
+  shared?: boolean;
   /** Default 0o660 when socketGid is set, else 0o600. */
   socketMode?: number;
   /** chown the sockets to this user / group (the Nginx worker's). */
@@ -47,18 +57,26 @@ export class Balancer {
   /** Accepted connections, closed with the balancer. */
   readonly #clients = new Set<Socket>();
   readonly #binding = new Map<string, Promise<void>>();
+  /** With `shared`: the services served on the shared socket (listenAll'ed, not unlistened). */
+  readonly #served = new Set<string>();
+  #shared: Server | null = null;
 
   constructor(o: BalancerOptions) {
     this.#o = o;
   }
 
-  /** The socket of a service; stable for a given key. Short, so it fits sun_path (108 bytes). */
+  /** The shared socket's path, or null with a socket per service. */
+  get sharedSocketPath(): string | null {
+    return this.#o.shared ? join(this.#o.socketDir, SHARED_SOCKET_NAME) : null;
+  }
+
+  /** The socket Nginx reaches a service at; stable for a given key. Short, so it fits sun_path (108 bytes). */
   socketPathFor(serviceKey: string): string {
-    return socketPathFor(this.#o.socketDir, serviceKey);
+    return this.sharedSocketPath ?? socketPathFor(this.#o.socketDir, serviceKey);
   }
 
   listening(): string[] {
-    return [...this.#servers.keys()];
+    return this.#o.shared ? [...this.#served] : [...this.#servers.keys()];
   }
 
   /**
@@ -67,6 +85,7 @@ export class Balancer {
    * error of each key that failed.
    */
   async listenAll(serviceKeys: readonly string[], concurrency = 16): Promise<Map<string, unknown>> {
+    if (this.#o.shared) return this.#serve(serviceKeys);
     const failed = new Map<string, unknown>();
     const todo = serviceKeys.filter((k) => !this.#servers.has(k));
     if (todo.length === 0) return failed;
@@ -78,7 +97,9 @@ export class Balancer {
         // A bind of this key already in flight (listenAll() called again meanwhile) is joined, not repeated.
         let binding = this.#binding.get(key);
         if (!binding) {
-          binding = this.#bind(key).finally(() => this.#binding.delete(key));
+          binding = this.#bind(key)
+            .then((server) => void this.#servers.set(key, server))
+            .finally(() => this.#binding.delete(key));
           this.#binding.set(key, binding);
         }
         await binding.catch((err: unknown) => failed.set(key, err));
@@ -88,8 +109,33 @@ export class Balancer {
     return failed;
   }
 
-  async #bind(serviceKey: string): Promise<void> {
-    const path = this.socketPathFor(serviceKey);
+  /** The shared socket bound (once, joined while in flight), then the services recorded as served. */
+  async #serve(serviceKeys: readonly string[]): Promise<Map<string, unknown>> {
+    const failed = new Map<string, unknown>();
+    if (serviceKeys.length === 0) return failed;
+    if (this.#shared === null) {
+      let binding = this.#binding.get('');
+      if (!binding) {
+        binding = (async () => {
+          await mkdir(this.#o.socketDir, { recursive: true, mode: 0o755 });
+          this.#shared = await this.#bind(null);
+        })().finally(() => this.#binding.delete(''));
+        this.#binding.set('', binding);
+      }
+      try {
+        await binding;
+      } catch (err) {
+        for (const k of serviceKeys) failed.set(k, err);
+        return failed;
+      }
+    }
+    for (const k of serviceKeys) this.#served.add(k);
+    return failed;
+  }
+
+  /** Listens on a service's socket, or (null) on the shared one. */
+  async #bind(serviceKey: string | null): Promise<Server> {
+    const path = serviceKey === null ? this.sharedSocketPath! : this.socketPathFor(serviceKey);
     // allowHalfOpen: a client's EOF ends only its side; the answer in flight (or a pinned
     // replica's bytes) still flows back.
     const server = createServer({ allowHalfOpen: true }, (sock) => this.#accept(serviceKey, sock));
@@ -110,7 +156,7 @@ export class Balancer {
       });
       await listen();
     });
-    server.on('error', (err) => this.#o.logger?.error({ err, service: serviceKey }, 'balancer socket error'));
+    server.on('error', (err) => this.#o.logger?.error({ err, service: serviceKey ?? '(shared)' }, 'balancer socket error'));
     try {
       const mode = this.#o.socketMode ?? (this.#o.socketGid !== undefined ? 0o660 : 0o600);
       await chmod(path, mode);
@@ -120,7 +166,7 @@ export class Balancer {
       await new Promise<void>((resolve) => server.close(() => resolve()));
       throw err;
     }
-    this.#servers.set(serviceKey, server);
+    return server;
   }
 
   /**
@@ -130,6 +176,9 @@ export class Balancer {
    * idle ones. Waiting for them here would hold up whoever removes the service.
    */
   async unlisten(serviceKey: string): Promise<void> {
+    // On the shared socket a service no longer served has no replicas left either (the SSH loop
+    // drops them first): its requests get the catalog's "no ready replica".
+    if (this.#o.shared) return void this.#served.delete(serviceKey);
     const server = this.#servers.get(serviceKey);
     if (!server) return;
     this.#servers.delete(serviceKey);
@@ -139,10 +188,17 @@ export class Balancer {
 
   async close(): Promise<void> {
     await Promise.all([...this.#servers.keys()].map((k) => this.unlisten(k)));
+    this.#served.clear();
+    const shared = this.#shared;
+    this.#shared = null;
+    if (shared) {
+      shared.close(() => undefined);
+      await unlink(this.sharedSocketPath!).catch(() => undefined);
+    }
     for (const c of this.#clients) c.destroy();
   }
 
-  #accept(serviceKey: string, client: Socket): void {
+  #accept(serviceKey: string | null, client: Socket): void {
     this.stats.accepted++;
     this.#clients.add(client);
     client.once('close', () => this.#clients.delete(client));

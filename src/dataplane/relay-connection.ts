@@ -1,4 +1,4 @@
-// One connection from Nginx to a service's balancer socket, relayed request by request: each
+// One connection from Nginx to a balancer socket, relayed request by request: each
 // request head is read strictly, the request goes to the replica Replicas.dispatch() chooses for
 // it (least outstanding requests, on that replica's keep-alive pool), and the answer comes back
 // framed by us. Nginx keeps these connections open and reuses them, so the choice must be per
@@ -15,6 +15,8 @@
 //   hanging up aborts the exchange (the replica's connection is closed).
 // - An Upgrade is not HTTP any more after its answer: the connection is pinned to one replica
 //   (Replicas.open) and spliced until either side closes.
+// - On the shared socket (serviceKey null) each request names its service in SERVICE_HEADER,
+//   which Nginx sets and the replica never sees; on a service's own socket the socket names it.
 
 import type { Socket } from 'node:net';
 import { Readable } from 'node:stream';
@@ -25,6 +27,7 @@ import { parseRequestHead, type RequestHead } from '../http1/request-head.js';
 import { detailResponse } from './detail.js';
 import { DataPlaneError, statusFor } from './errors.js';
 import type { Replicas } from './replicas.js';
+import { SERVICE_HEADER } from './service-header.js';
 import { splice } from './splice.js';
 
 /** What a relayed connection reports to its balancer. */
@@ -67,8 +70,12 @@ export class RelayConnection {
     if (this.#req === null && !this.#done) this.#next();
   };
 
+  /**
+   * `serviceKey`: the service of every request on this connection; null on the shared socket,
+   * where each request names its own.
+   */
   constructor(
-    readonly serviceKey: string,
+    readonly serviceKey: string | null,
     readonly socket: Socket,
     private readonly replicas: Replicas,
     private readonly stats: RelayStats,
@@ -108,11 +115,21 @@ export class RelayConnection {
     const r = parseRequestHead(buf, 0, DEFAULT_MAX_HEADER_SIZE);
     if (r.kind === 'incomplete') return;
     if (r.kind === 'error') {
-      const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', r.reason), this.serviceKey);
+      const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', r.reason), this.serviceKey ?? '');
       return this.#close(detailResponse(r.status, a.detail, false));
     }
     const head = r.head;
-    if (head.upgrade) return this.#pin();
+    let service = this.serviceKey;
+    if (service === null) {
+      service = takeService(head.rawHeaders);
+      if (service === null) {
+        // Only a site without our proxy_set_header (or something else on the socket) sends this:
+        // nothing is relayed, and the body's end is not looked for.
+        const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', SERVICE_HEADER_PROBLEM), '');
+        return this.#close(detailResponse(a.status, a.detail, false));
+      }
+    }
+    if (head.upgrade) return this.#pin(service, head);
     this.stats.requests++;
 
     let body: Buffer | RequestBody | null = null;
@@ -129,7 +146,7 @@ export class RelayConnection {
         if (avail > 0) {
           end = rb.feed(buf, head.size);
           if (end === -1) {
-            const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', `invalid chunked body: ${rb.error}`), this.serviceKey);
+            const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', `invalid chunked body: ${rb.error}`), service);
             return this.#close(detailResponse(a.status, a.detail, false));
           }
         }
@@ -141,10 +158,10 @@ export class RelayConnection {
       }
     }
     this.#buf = end === buf.length ? EMPTY : buf.subarray(end);
-    const req = new RelayRequest(this, head);
+    const req = new RelayRequest(this, head, service);
     this.#req = req;
     req.exchange = this.replicas.dispatch(
-      this.serviceKey,
+      service,
       { method: head.method, path: head.target, headers: forwardHeaders(head.rawHeaders), body, validated: true },
       req,
     );
@@ -194,7 +211,7 @@ export class RelayConnection {
       this.socket.destroy();
       return;
     }
-    const a = statusFor(err, this.serviceKey);
+    const a = statusFor(err, req.serviceKey);
     if (a.status === 499) {
       this.#req = null;
       this.#done = true;
@@ -224,18 +241,22 @@ export class RelayConnection {
     s.end(() => setTimeout(() => s.destroy(), LINGER_MS).unref());
   }
 
-  /** An Upgrade: this connection goes to one replica, the head and all that follows spliced through. */
-  #pin(): void {
+  /**
+   * An Upgrade: this connection goes to one replica, the head and all that follows spliced
+   * through. On the shared socket the head is written again without the service header.
+   */
+  #pin(service: string, head: RequestHead): void {
     this.#done = true;
     this.stats.requests++;
-    const pending = this.#buf;
+    const buf = this.#buf;
+    const pending = this.serviceKey === null ? Buffer.concat([Buffer.from(headText(head), 'latin1'), buf.subarray(head.size)]) : buf;
     this.#buf = EMPTY;
     const s = this.socket;
     s.off('data', this.#onData);
     s.off('end', this.#onEnd);
     s.off('close', this.#onClose);
     s.pause();
-    this.replicas.open(this.serviceKey).then(
+    this.replicas.open(service).then(
       (up) => {
         if (s.destroyed) return void up.destroy();
         if (pending.length > 0) up.write(pending);
@@ -244,7 +265,7 @@ export class RelayConnection {
       },
       (err: unknown) => {
         this.stats.unavailable++;
-        const a = statusFor(err, this.serviceKey);
+        const a = statusFor(err, service);
         if (s.destroyed) return;
         s.resume(); // read and drop what the client sends
         s.end(detailResponse(a.status, a.detail, false), () => setTimeout(() => s.destroy(), LINGER_MS).unref());
@@ -287,6 +308,7 @@ class RelayRequest implements Http1Handler {
   constructor(
     private readonly conn: RelayConnection,
     head: RequestHead,
+    readonly serviceKey: string,
   ) {
     this.keepAlive = head.keepAlive;
     this.#isHead = head.method === 'HEAD';
@@ -512,4 +534,38 @@ function connectionNames(value: string, names: readonly string[]): readonly stri
     (out ??= [...names]).push(t);
   }
   return out ?? names;
+}
+
+const SERVICE_HEADER_LOWER = SERVICE_HEADER.toLowerCase();
+const SERVICE_HEADER_PROBLEM = `a request on the shared data-plane socket needs exactly one ${SERVICE_HEADER} header`;
+/** `<project>/<run>` as the document's names allow them (src/spec/schema.ts): nothing else is looked up or echoed. */
+const SERVICE_KEY = /^[A-Za-z0-9_-]{1,64}\/[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
+
+/**
+ * The service a request on the shared socket names, its header taken out of `raw` in place (no
+ * copy per request, and forwardHeaders then keeps its no-copy case); null when the header is
+ * missing, repeated, or not a service key.
+ */
+function takeService(raw: string[]): string | null {
+  let at = -1;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === SERVICE_HEADER_LOWER.length && sameLower(name, 0, SERVICE_HEADER_LOWER)) {
+      if (at !== -1) return null;
+      at = i;
+    }
+  }
+  if (at === -1) return null;
+  const value = raw[at + 1]!;
+  raw.copyWithin(at, at + 2);
+  raw.length -= 2;
+  return SERVICE_KEY.test(value) ? value : null;
+}
+
+/** A request head as text again, from its parsed parts (the header list as it is now). */
+function headText(head: RequestHead): string {
+  let t = `${head.method} ${head.target} HTTP/1.${head.minor}\r\n`;
+  const raw = head.rawHeaders;
+  for (let i = 0; i < raw.length; i += 2) t += `${raw[i]!}: ${raw[i + 1]!}\r\n`;
+  return `${t}\r\n`;
 }

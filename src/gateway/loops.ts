@@ -1,12 +1,12 @@
-// The gateway's three loops, configured from its options: SSH (tunnels and a balancer socket
-// per service), TLS (certbot) and Nginx (sites pointing at those sockets and certificates).
+// The gateway's three loops, configured from its options: SSH (tunnels and the data plane's one
+// socket for every service), TLS (certbot) and Nginx (sites pointing at that socket and the
+// certificates).
 
 import { resolve } from 'node:path';
 import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type NginxLoopOptions } from '../reconcilers/nginx/loop.js';
 import { parseTrustedProxies } from '../reconcilers/nginx/trusted-proxies.js';
 import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import { createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
-import { serviceKey } from '../spec/index.js';
 import type { GatewayHost } from './nginx-host.js';
 import type { GatewayOptions } from './options.js';
 
@@ -57,10 +57,14 @@ export function gatewayLoops(
     keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
     keepaliveCountMax: options.sshKeepaliveCountMax,
     drainMs: options.drainPeriod * 1000,
-    // A removed service's socket stays until Nginx has stopped routing to it.
+    // One socket, one upstream and keep-alive pool in Nginx, whatever the number of services.
+    sharedSocket: true,
+    // A removed service's replicas stay until Nginx has stopped routing to it.
     routedBy: NGINX_LOOP,
     ...(deps.ssh ?? {}),
   });
+  // The socket the global file's one data-plane upstream points at.
+  view.dataplaneSocket = ssh.balancer.sharedSocketPath;
   const tls = createTlsLoop({
     stateDir,
     acmeWebroot: workerDirs.acmeWebroot,
@@ -77,9 +81,9 @@ export function gatewayLoops(
     test: host.test,
     reload: host.reload,
     view,
-    // A domain's certificate, from the TLS loop's status; a service's upstream, its balancer
-    // socket (so replica changes need no reload).
-    upstreamFor: (service) => ({ kind: 'socket', path: ssh.balancer.socketPathFor(serviceKey(service)) }),
+    // A domain's certificate, from the TLS loop's status; every service's upstream, the data
+    // plane's shared socket (so replica changes need no reload), the site naming its service.
+    upstreamFor: () => ({ kind: 'shared' }),
     dependsOn: [TLS_LOOP, SSH_LOOP],
     // Certificates come from the TLS loop's status; the SSH loop only has to have bound the
     // sockets first (its tunnels' ups and downs, a retired socket closing, change no site).

@@ -74,10 +74,11 @@ describe.runIf(asRoot)('Nginx workers as www-data', () => {
     expect(await readFile(join(t.stateDir, 'nginx', 'nginx.conf'), 'utf8')).toContain('\nuser www-data;\n');
   });
 
-  it('serves a site through its balancer socket, which only the gateway and www-data can open', async () => {
+  it("serves a site through the data plane's shared socket, which only the gateway and www-data can open", async () => {
     const r = await call({ port: t.httpPort, host: SITE, path: '/hello', localAddress: '127.0.0.2' });
     expect(r.status).toBe(200);
     const sock = t.gw.ssh.balancer.socketPathFor('main/upload');
+    expect(sock).toBe(t.gw.ssh.balancer.sharedSocketPath);
     const st = await stat(sock);
     expect(st.isSocket()).toBe(true);
     expect(st.mode & 0o777).toBe(0o660);

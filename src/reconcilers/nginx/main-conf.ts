@@ -71,6 +71,8 @@ export function mainConfText(dir: string, opts: MainConfOptions = {}): { text: s
   ];
   if (user) l.push(`user ${quote(user)};`);
   if (opts.workerShutdownTimeoutSec != null) l.push(`worker_shutdown_timeout ${opts.workerShutdownTimeoutSec}s;`);
+  // Services share one keep-alive pool to the data plane (render.ts DATAPLANE_KEEPALIVE idle
+  // connections at most), so this need not grow with the number of services.
   l.push(`events { worker_connections ${opts.workerConnections ?? 4096}; }`, 'http {');
   l.push(
     `    client_body_temp_path ${tmp('body')};`,

@@ -21,12 +21,19 @@
 // Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
 // X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
+import { SERVICE_HEADER } from '../../dataplane/service-header.js';
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
 
 export { MARKER, fileNameFor, limitKeyVariable, quote, rateFor, upstreamName, zoneName } from './names.js';
 
 export const UPSTREAM_KEEPALIVE = 64;
+/**
+ * Idle connections each worker keeps to the shared data-plane socket: one pool carries every
+ * service's requests, so it is bigger than a site's, yet a bounded share of worker_connections
+ * (4,096) whatever the number of services.
+ */
+export const DATAPLANE_KEEPALIVE = 1024;
 export const UPSTREAM_KEEPALIVE_TIME = '1h';
 export const LIMIT_REQ_ZONE_SIZE = '10m';
 export const REPLICA_LOCATION = '@dstack_replica';
@@ -61,6 +68,7 @@ export function renderGlobal(v: GlobalView): string {
   l.push(...block('map $host $dstack_replica_hit', ['default 0;']), '');
   l.push('# Upstream keepalive needs Connection "" on plain requests; WebSocket upgrades pass "upgrade".');
   l.push(...block('map $http_upgrade $dstack_connection_upgrade', ['default upgrade;', "'' '';"]), '');
+  l.push(...dataplaneUpstream(v));
   l.push(...trustedProxies(v));
   l.push(...internalRealIp(v));
   if (v.serverNamesHash) {
@@ -93,6 +101,24 @@ export function renderGlobal(v: GlobalView): string {
     );
   }
   return text(l);
+}
+
+/**
+ * The data plane's one socket, for every service site (each names its service in a header): one
+ * keep-alive pool per worker instead of one per service.
+ */
+function dataplaneUpstream(v: GlobalView): Lines {
+  if (!v.dataplane) return [];
+  return [
+    '# The data plane: one socket for every service; each site names its service in a header.',
+    ...block(`upstream ${v.dataplane.name}`, [
+      `server ${quote(v.dataplane.server)};`,
+      `keepalive ${DATAPLANE_KEEPALIVE};`,
+      // The balancer picks a replica per request, so a pooled connection may live long.
+      `keepalive_time ${UPSTREAM_KEEPALIVE_TIME};`,
+    ]),
+    '',
+  ];
 }
 
 /**
@@ -252,7 +278,7 @@ function renderServiceSite(v: ServiceSiteView): string {
     l.push(`limit_req_zone ${z.key} zone=${z.name}:${LIMIT_REQ_ZONE_SIZE} rate=${z.rate};`);
   }
   if (v.zones.length > 0) l.push('');
-  if (v.upstream) {
+  if (v.upstream && 'servers' in v.upstream) {
     l.push(
       ...block(`upstream ${v.upstream.name}`, [
         ...v.upstream.servers.map((s) => `server ${quote(s)};`),
@@ -349,6 +375,8 @@ function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
     rb.push(...forwardedHeaders(v));
   }
   rb.push('proxy_set_header Upgrade $http_upgrade;', 'proxy_set_header Connection $dstack_connection_upgrade;');
+  // The shared socket's service: set here, it replaces any header of that name a client sent.
+  if ('shared' in v.upstream) rb.push(`proxy_set_header ${SERVICE_HEADER} ${quote(v.serviceKey)};`);
   // The gateway's token is not the replica's business; the model API never passes one on.
   if (v.authUrl || o.internal) rb.push('proxy_set_header Authorization "";');
   rb.push(`proxy_read_timeout ${v.readTimeoutSec}s;`, `proxy_send_timeout ${v.proxyReadTimeoutSec}s;`, 'proxy_buffering off;');

@@ -16,7 +16,11 @@ export interface CertPaths {
 /** Where Nginx sends a service's traffic. */
 export type UpstreamTarget =
   | { kind: 'direct'; servers: string[] } // "host:port" each
-  | { kind: 'socket'; path: string }; // one Unix socket per service (the SSH loop's balancer)
+  | { kind: 'socket'; path: string } // one Unix socket per service (the SSH loop's balancer)
+  | { kind: 'shared' }; // the data plane's one socket (ViewOptions.dataplaneSocket), the service named by a header
+
+/** The global file's upstream of the shared data-plane socket. */
+export const DATAPLANE_UPSTREAM = 'dstack_dataplane';
 
 export interface ViewOptions {
   httpPort: number;
@@ -33,6 +37,11 @@ export interface ViewOptions {
   certFor?: (domain: string) => CertPaths | null;
   /** Default: the service's `direct` replicas; SSH replicas are skipped. */
   upstreamFor?: (service: Service) => UpstreamTarget;
+  /**
+   * The data plane's shared socket: the global file declares one upstream of it, which every
+   * service whose upstreamFor says `shared` proxies to. Default none.
+   */
+  dataplaneSocket?: string | null;
   /**
    * Render a default server (404 on HTTP, handshake rejected on HTTPS). false leaves the public
    * ports' default to another site (the distribution's); the internal listener keeps its own.
@@ -105,8 +114,12 @@ export interface LocationView {
 export interface ServiceSiteView extends SiteCommon {
   kind: 'service';
   serviceKey: string;
-  /** null: no replica to send to, the site answers 503. */
-  upstream: { name: string; servers: string[] } | null;
+  /**
+   * The site's own upstream (`servers`), or the global file's shared one, which needs the
+   * service named in SERVICE_HEADER (the data plane answers for a service without a replica).
+   * null: no replica to send to, the site answers 503.
+   */
+  upstream: { name: string; servers: string[] } | { name: string; shared: true } | null;
   zones: ZoneView[];
   /** Sorted by prefix; contains "/" unless `refuseOtherPaths`. */
   locations: LocationView[];
@@ -140,6 +153,8 @@ export interface GlobalView {
   /** ViewOptions.trustedProxies, checked; empty = off. */
   trustedProxies: string[];
   healthCheck: boolean;
+  /** The shared data-plane upstream (ViewOptions.dataplaneSocket), or null. */
+  dataplane: { name: string; server: string } | null;
 }
 
 export interface Views {
@@ -167,6 +182,14 @@ export function internalListen(path: string): string {
       'DP_ERR_BAD_OPTION',
       `the internal socket path is longer than 107 bytes (a Unix socket limit): ${path}; use a shorter --state-dir`,
     );
+  return `unix:${path}`;
+}
+
+/** `server` argument of a Unix socket upstream; the path must fit a sockaddr_un (107 bytes). */
+function unixServer(path: string): string {
+  if (!path.startsWith('/')) throw new ProxyError('DP_ERR_BAD_OPTION', `the data-plane socket path must be absolute, got ${path}`);
+  if (Buffer.byteLength(path) > 107)
+    throw new ProxyError('DP_ERR_BAD_OPTION', `the data-plane socket path is longer than 107 bytes (a Unix socket limit): ${path}`);
   return `unix:${path}`;
 }
 
@@ -201,6 +224,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
   const listenHttp = listenAddress(listenHost, opts.httpPort);
   const listenHttps = listenAddress(listenHost, opts.httpsPort);
   const listenInternal = opts.internalSocket ? internalListen(opts.internalSocket) : null;
+  const dataplane = opts.dataplaneSocket ? { name: DATAPLANE_UPSTREAM, server: unixServer(opts.dataplaneSocket) } : null;
   const redirectPort = opts.httpsPort === 443 ? '' : `:${opts.httpsPort}`;
   const trustedProxies = [...new Set(opts.trustedProxies ?? [])];
   const behindProxies = trustedProxies.length > 0;
@@ -226,7 +250,10 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
   const sites: SiteView[] = [];
   for (const s of state.spec.services) {
     if (!s.domain) continue; // in-server only
-    sites.push(serviceSite(s, common(s.domain, s.project, s.https), upstreamFor(s), apiUrl));
+    const target = upstreamFor(s);
+    if (target.kind === 'shared' && dataplane === null)
+      throw new ProxyError('DP_ERR_BAD_OPTION', `${serviceKey(s)} is sent to the shared data-plane socket, but no dataplaneSocket is set`);
+    sites.push(serviceSite(s, common(s.domain, s.project, s.https), target, apiUrl));
   }
   const keyInclude = opts.entrypointKeyInclude ?? null;
   for (const e of state.spec.entrypoints) sites.push(entrypointSite(e, common(e.domain, e.project, e.https), apiUrl, keyInclude));
@@ -250,6 +277,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       serverNamesHash: opts.serverNamesHash ?? false,
       trustedProxies,
       healthCheck: opts.healthCheck ?? false,
+      dataplane,
     },
     sites,
   };
@@ -257,7 +285,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
 
 function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, apiUrl: string): ServiceSiteView {
   const key = serviceKey(s);
-  const servers = target.kind === 'socket' ? [`unix:${target.path}`] : target.servers;
+  const servers = target.kind === 'socket' ? [`unix:${target.path}`] : target.kind === 'direct' ? target.servers : [];
   const zones: ZoneView[] = [];
   const allowlist = s.routerAllowlist === true;
   const byPrefix = new Map<string, LocationView>(allowlist ? [] : [['/', { prefix: '/', limits: [] }]]);
@@ -281,7 +309,12 @@ function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, api
     serviceKey: key,
     clientMaxBodySize: s.clientMaxBodySize,
     cors: s.model?.format === 'openai',
-    upstream: servers.length > 0 ? { name: upstreamName(key), servers } : null,
+    upstream:
+      target.kind === 'shared'
+        ? { name: DATAPLANE_UPSTREAM, shared: true }
+        : servers.length > 0
+          ? { name: upstreamName(key), servers }
+          : null,
     zones,
     locations,
     refuseOtherPaths: allowlist,

@@ -1,4 +1,5 @@
-// The SSH loop: desired = one socket per service + one connection per replica (targets.ts);
+// The SSH loop: desired = one socket per service (or, `sharedSocket`, one socket serving every
+// service: each then only counts as served) + one connection per replica (targets.ts);
 // observed = what this process holds; plan (plan.ts) = create/update/delete per service
 // socket and per replica, by fingerprint, so an unchanged replica is never touched. Tunnels
 // live on their own between passes (reconnect, keepalive, probes) and report `Ready` per
@@ -9,8 +10,9 @@
 //
 // A removed service is retired, not closed: its socket and tunnels keep serving until the loop
 // that routes to them (Nginx, `routedBy`) has finished a Ready pass without it, so no request
-// ever reaches a closed socket; then they close, and open connections drain in the background
-// for at most `drainMs`. No pass ever waits for a drain, so a removal never delays the next change.
+// ever reaches a closed socket, nor (shared socket) a service whose replicas have left; then
+// they close, and open connections drain in the background for at most `drainMs`. No pass ever
+// waits for a drain, so a removal never delays the next change.
 
 import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
@@ -49,6 +51,12 @@ export interface SshLoopOptions {
   socketMode?: number;
   socketUid?: number;
   socketGid?: number;
+  /**
+   * One socket (<socketDir>/dataplane.sock) for every service, the service named per request by
+   * the header Nginx sets (src/dataplane/service-header.ts): one upstream in Nginx instead of one
+   * per service. Default false: a socket per service.
+   */
+  sharedSocket?: boolean;
   /** SSH keepalive: a ping every keepaliveIntervalMs, dead after keepaliveCountMax misses. Default 15_000 and 3. */
   keepaliveIntervalMs?: number;
   keepaliveCountMax?: number;
@@ -124,6 +132,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const balancer = new Balancer({
     socketDir: o.socketDir ?? join(o.stateDir, 'sockets'),
     replicas,
+    ...(o.sharedSocket ? { shared: true } : {}),
     ...(o.socketMode !== undefined ? { socketMode: o.socketMode } : {}),
     ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
     ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),

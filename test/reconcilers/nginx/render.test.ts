@@ -245,6 +245,61 @@ describe('service site', () => {
   });
 });
 
+describe('shared data-plane upstream (the gateway)', () => {
+  const shared = buildViews(sampleState(8001), {
+    ...opts,
+    upstreamFor: () => ({ kind: 'shared' }),
+    dataplaneSocket: '/var/lib/dstack-proxy/sockets/dataplane.sock',
+  });
+  const files = renderAll(shared);
+  const global = files.get(shared.global.fileName)!;
+  const sharedSite = (domain: string): string => renderSite(shared.sites.find((x) => x.domain === domain)!);
+
+  it.each([shared.global.fileName, 'sites/llama-8b.gw.test.conf', 'sites/empty.gw.test.conf'])('snapshot %s', async (name) => {
+    await expect(files.get(name)).toMatchFileSnapshot(`./__snapshots__/shared__${name.replace('/', '__')}`);
+  });
+
+  it('declares one upstream of the shared socket in the global file', () => {
+    expectLines(global, [
+      'upstream dstack_dataplane {',
+      'server unix:/var/lib/dstack-proxy/sockets/dataplane.sock;',
+      'keepalive 1024;',
+      'keepalive_time 1h;',
+    ]);
+    expect(global.match(/^upstream /gm)).toHaveLength(1);
+    expect(renderGlobal(views.global)).not.toContain('upstream');
+  });
+
+  it('sends every service site to it, naming the service on both servers; no upstream of their own', () => {
+    for (const [domain, key] of [
+      ['llama-8b.gw.test', 'main/llama-8b'],
+      ['plain.gw.test', 'main/plain'],
+      // No replica: the data plane answers its 503, as it does when replicas go away between reloads.
+      ['empty.gw.test', 'main/empty'],
+    ] as const) {
+      const t = sharedSite(domain);
+      expect(t).not.toMatch(/^upstream /m);
+      expect(t).not.toContain('return 503');
+      const blocks = serverBlocks(t);
+      expect(blocks).toHaveLength(2);
+      for (const server of blocks) {
+        const replica = locationBlocks(server).get('@dstack_replica')!;
+        expectLines(replica, [
+          'set $dstack_replica_hit 1;',
+          'proxy_pass http://dstack_dataplane;',
+          'proxy_http_version 1.1;',
+          `proxy_set_header X-Dstack-Proxy-Service ${key};`,
+          'proxy_set_header Connection $dstack_connection_upgrade;',
+        ]);
+      }
+    }
+  });
+
+  it('refuses a shared target without the socket', () => {
+    expect(() => buildViews(sampleState(8001), { ...opts, upstreamFor: () => ({ kind: 'shared' }) })).toThrow(/dataplaneSocket/);
+  });
+});
+
 describe('entrypoint site', () => {
   const text = renderSite(site('gateway.gw.test'));
   it('proxies everything to the project model API with the same TLS logic', () => {

@@ -2,6 +2,7 @@
 
 import { request } from 'node:http';
 import { pino } from 'pino';
+import { SERVICE_HEADER } from '../../../src/dataplane/index.js';
 import { Controller } from '../../../src/reconcilers/controller.js';
 import type { Condition } from '../../../src/reconcilers/conditions.js';
 import { createSshLoop, replicaObjectKey, type SshLoop, type SshLoopOptions } from '../../../src/reconcilers/ssh/index.js';
@@ -95,7 +96,9 @@ export async function startHarness(initial: ProxyState, opts: Partial<SshLoopOpt
       }, timeoutMs).catch((err: unknown) => {
         throw new Error(`${sk}/${id} never reached ${reason} (last: ${JSON.stringify(ready(sk, id))}): ${String(err)}`);
       }),
-    get: (sk, path = '/') => httpOverSocket(loop.balancer.socketPathFor(sk), path),
+    // On the shared socket the request names its service, as Nginx's site would.
+    get: (sk, path = '/') =>
+      httpOverSocket(loop.balancer.socketPathFor(sk), path, loop.balancer.sharedSocketPath ? { [SERVICE_HEADER]: sk } : {}),
     async close() {
       await controller.stop(); // closes the loop: its sockets and tunnels
       cleanup();
@@ -103,9 +106,9 @@ export async function startHarness(initial: ProxyState, opts: Partial<SshLoopOpt
   };
 }
 
-export function httpOverSocket(socketPath: string, path = '/'): Promise<Reply> {
+export function httpOverSocket(socketPath: string, path = '/', headers: Record<string, string> = {}): Promise<Reply> {
   return new Promise((resolve, reject) => {
-    const req = request({ socketPath, path, agent: false, headers: { host: 'svc.test' } }, (res) => {
+    const req = request({ socketPath, path, agent: false, headers: { host: 'svc.test', ...headers } }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));

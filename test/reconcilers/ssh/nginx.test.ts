@@ -1,5 +1,5 @@
-// Nginx → balancer socket → ssh2 → sshd → app, with both loops under one controller the way
-// the gateway wires them: a replica added to a running service receives connections and
+// Nginx → the data plane's shared socket → ssh2 → sshd → app, with both loops under one
+// controller the way the gateway wires them: a replica added to a running service receives connections and
 // Nginx is not reloaded; with no Ready replica Nginx passes the balancer's 503 JSON through.
 
 import type { Server } from 'node:http';
@@ -9,7 +9,7 @@ import { Controller } from '../../../src/reconcilers/controller.js';
 import { createNginxLoop } from '../../../src/reconcilers/nginx/loop.js';
 import { createSshLoop, SSH_LOOP, type SshLoop } from '../../../src/reconcilers/ssh/index.js';
 import type { AnyLoop } from '../../../src/reconcilers/types.js';
-import { serviceKey, type ProxyState, type Replica } from '../../../src/spec/types.js';
+import type { ProxyState, Replica } from '../../../src/spec/types.js';
 import { close, request, startEcho } from '../../helpers/http.js';
 import { eventually, startTestNginx, type TestNginx } from '../../helpers/nginx.js';
 import { freePorts } from '../../helpers/ports.js';
@@ -56,14 +56,20 @@ beforeAll(async () => {
   ports = await freePorts(2);
   echoes = await Promise.all(ports.map((p, i) => startEcho(`app${i}`, { port: p })));
   ng = await startTestNginx();
-  ssh = createSshLoop({ stateDir: tmp.dir, probeIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 } });
+  ssh = createSshLoop({ stateDir: tmp.dir, sharedSocket: true, probeIntervalMs: 1_000, reconnect: { baseMs: 200, maxMs: 1_000 } });
   nginx = createNginxLoop({
     confDir: ng.paths.confDir,
     mainConfPath: ng.paths.confPath,
     test: ng.test,
     reload: ng.reload,
-    view: { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath },
-    upstreamFor: (s) => ({ kind: 'socket', path: ssh.balancer.socketPathFor(serviceKey(s)) }),
+    view: {
+      httpPort: ng.httpPort,
+      httpsPort: ng.httpsPort,
+      acmeWebroot: ng.acmeWebroot,
+      accessLogPath: ng.accessLogPath,
+      dataplaneSocket: ssh.balancer.sharedSocketPath,
+    },
+    upstreamFor: () => ({ kind: 'shared' }),
     dependsOn: [SSH_LOOP],
   });
   current = { state: spec([replica('r0', 0)], [replica('x0', 0, 1)]), generation: 1 };
