@@ -120,6 +120,13 @@ export function createNginxLoop(
   const texts: TextCache = new Map();
   /** Sites of a reload whose previous workers still accepted at its deadline: not Applied yet. */
   let unconfirmed: { check: ReloadUnconfirmed; keys: Set<string> } | null = null;
+  /** The foreign files as last observed: a test of the changed sites keeps them in. */
+  let foreign: ReadonlySet<string> = new Set();
+  /**
+   * A reload Nginx refused after a test of the changed sites alone: the next apply tests the
+   * whole tree, which finds the file to hold back.
+   */
+  let testWholeTree = false;
   // Before the first look at the conf dir: what a crash in the middle of an apply left there.
   let leftovers: Promise<void> | null = null;
   const removeLeftovers = (ctx: LoopContext): Promise<void> =>
@@ -157,7 +164,9 @@ export function createNginxLoop(
         // Forget it once the status says so (a dry run's observe writes nothing).
         if (![...unconfirmed.keys].some(waiting)) unconfirmed = null;
       }
-      const { owned, foreign } = await readOwned(o.confDir, texts);
+      const observed = await readOwned(o.confDir, texts);
+      const { owned } = observed;
+      foreign = observed.foreign;
       stats.configHash = configHash(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
       // Sites held back before they ever reached the disk keep their rejection on record
@@ -170,7 +179,7 @@ export function createNginxLoop(
       for (const key of keys) {
         if (!ctx.status.get(key)) ctx.status.set(key, served());
       }
-      return { owned, foreign };
+      return observed;
     },
 
     plan(desired: Map<string, string>, observed: OwnedFiles): Action<FilePayload>[] {
@@ -242,8 +251,11 @@ export function createNginxLoop(
             throw err;
           }
         },
+        ...(testWholeTree ? {} : { changedOnly: { foreign } }),
         logger: ctx.logger,
       });
+      if (result.rolledBack) testWholeTree = true;
+      else if (result.reloaded) testWholeTree = false;
       stats.configHash = configHash((await readOwned(o.confDir, texts)).owned);
       if (result.unconfirmed) {
         unconfirmed = { check: result.unconfirmed, keys: new Set([...(unconfirmed?.keys ?? []), ...result.applied.map(objectKey)]) };

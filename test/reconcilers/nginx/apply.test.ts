@@ -208,6 +208,85 @@ describe('applyFiles on a real Nginx', () => {
   });
 });
 
+describe('testing the changed sites alone', () => {
+  /** `nginx -t` that also records which files the candidate tree held, relative to it. */
+  function recordingTest(seen: string[][]): ApplyFilesOptions['test'] {
+    return async (candConf) => {
+      const text = await readFile(candConf, 'utf8');
+      const dir = /include (\S+)\/\*\.conf;/.exec(text)![1]!;
+      const top = (await readdir(dir)).filter((n) => n.endsWith('.conf'));
+      const sites = (await readdir(join(dir, 'sites')).catch(() => [])).map((n) => `sites/${n}`);
+      seen.push([...top, ...sites].sort());
+      return ng.test(candConf);
+    };
+  }
+
+  it('puts the global file, the foreign files and the changed sites in the candidate, not the unchanged sites', async () => {
+    await writeFile(conf('sites/zz-foreign.conf'), `server { server_name zz.gw.test; listen 127.0.0.1:${ng.httpPort}; return 200; }\n`);
+    try {
+      const files = rendered();
+      files.set('sites/plain.gw.test.conf', site('plain.gw.test', 'return 200 "changed";'));
+      files.set('sites/new.gw.test.conf', site('new.gw.test'));
+      const seen: string[][] = [];
+      const observed = await readOwned(ng.paths.confDir);
+      const { result } = await apply(files, { test: recordingTest(seen), changedOnly: { foreign: observed.foreign } });
+      expect(result).toMatchObject({ reloaded: true, heldBack: [] });
+      expect(result.applied.sort()).toEqual(['sites/new.gw.test.conf', 'sites/plain.gw.test.conf']);
+      expect(seen).toEqual([
+        ['00-dstack-proxy-global.conf', 'sites/new.gw.test.conf', 'sites/plain.gw.test.conf', 'sites/zz-foreign.conf'],
+      ]);
+      // The reload parsed the whole tree: the unchanged sites are still served, the new one too.
+      expect((await request({ port: ng.httpPort, host: 'new.gw.test' })).body).toBe('ok');
+      expect((await request({ port: ng.httpPort, host: 'plain.gw.test' })).body).toBe('changed');
+      expect((await request({ port: ng.httpPort, host: 'gateway.gw.test' })).status).not.toBe(404);
+    } finally {
+      await unlink(conf('sites/zz-foreign.conf'));
+    }
+  });
+
+  it('still holds back a broken changed site, found in the smaller tree', async () => {
+    const files = rendered();
+    files.set('sites/a-good.gw.test.conf', site('a-good.gw.test'));
+    files.set('sites/b-broken.gw.test.conf', site('b-broken.gw.test', 'bogus_directive on;'));
+    const seen: string[][] = [];
+    const { result } = await apply(files, { test: recordingTest(seen), changedOnly: { foreign: new Set() } });
+    expect(result.applied).toEqual(['sites/a-good.gw.test.conf']);
+    expect(result.heldBack).toEqual([{ file: 'sites/b-broken.gw.test.conf', message: expect.stringContaining('bogus_directive') }]);
+    for (const names of seen) expect(names).not.toContain('sites/plain.gw.test.conf');
+  });
+
+  it('tests the whole tree when the global file changes (every site depends on it)', async () => {
+    const files = rendered();
+    const global = '00-dstack-proxy-global.conf';
+    files.set(global, `${files.get(global)!}# changed\n`);
+    const seen: string[][] = [];
+    const { result } = await apply(files, { test: recordingTest(seen), changedOnly: { foreign: new Set() } });
+    expect(result).toMatchObject({ applied: [global], reloaded: true });
+    expect(seen).toEqual([[...rendered().keys()].sort()]);
+  });
+
+  it('scales the reload hint to the whole tree', async () => {
+    const files = rendered();
+    files.set('sites/hint.gw.test.conf', site('hint.gw.test'));
+    const hints: number[] = [];
+    const { result } = await apply(files, {
+      // The sleep is a floor on the measured duration, whatever the machine's load.
+      test: async (c) => {
+        await new Promise((r) => setTimeout(r, 60));
+        return ng.test(c);
+      },
+      reload: async (hint) => {
+        hints.push(hint?.testMs ?? 0);
+        await ng.reload();
+      },
+      changedOnly: { foreign: new Set() },
+    });
+    expect(result.reloaded).toBe(true);
+    // 2 of 6 files tested (the global file and the new site): the hint counts 7/3 of the time.
+    expect(hints[0]).toBeGreaterThanOrEqual(60 * (7 / 3) - 10);
+  });
+});
+
 async function readdirCandidates(): Promise<string[]> {
   const names = [...(await readdir(ng.dir)), ...(await readdir(ng.paths.confDir))];
   return names.filter((n) => n.includes('candidate'));

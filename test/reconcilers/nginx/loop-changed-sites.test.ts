@@ -1,0 +1,99 @@
+// The Nginx loop tests the changed sites alone (the reload parses every site anyway); after a
+// reload Nginx refused, its next apply tests the whole tree.
+
+import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Controller } from '../../../src/reconcilers/controller.js';
+import { createNginxLoop } from '../../../src/reconcilers/nginx/loop.js';
+import type { AnyLoop } from '../../../src/reconcilers/types.js';
+import { emptyState, type ProxyState } from '../../../src/spec/types.js';
+import { request } from '../../helpers/http.js';
+import { eventually, startTestNginx, type TestNginx } from '../../helpers/nginx.js';
+import { service } from './fixtures.js';
+
+let ng: TestNginx;
+beforeAll(async () => {
+  ng = await startTestNginx();
+});
+afterAll(async () => {
+  await ng?.stop();
+});
+
+function withServices(n: number): ProxyState {
+  const s = emptyState();
+  s.spec.projects = [{ name: 'main' }];
+  s.spec.services = Array.from({ length: n }, (_, i) => service({ run: `s${i}`, domain: `s${i}.gw.test` }));
+  return s;
+}
+
+/** The site files a candidate tree held when nginx -t ran on it. */
+async function sitesOf(candConf: string): Promise<string[]> {
+  const dir = /include (\S+)\/sites\/\*\.conf;/.exec(await readFile(candConf, 'utf8'))![1]!;
+  return (await readdir(join(dir, 'sites'))).sort();
+}
+
+describe('Nginx loop: nginx -t of the changed sites', () => {
+  it('tests only the new site, and the whole tree after a refused reload', async () => {
+    let state = withServices(3);
+    let generation = 1;
+    const tested: string[][] = [];
+    let refuseNext = false;
+    const loop = createNginxLoop({
+      confDir: ng.paths.confDir,
+      mainConfPath: ng.paths.confPath,
+      test: async (c) => {
+        tested.push(await sitesOf(c));
+        return ng.test(c);
+      },
+      reload: async () => {
+        if (refuseNext) {
+          refuseNext = false;
+          throw new Error('injected: nginx refused the new config');
+        }
+        await ng.reload();
+      },
+      view: { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath },
+    });
+    const controller = new Controller({
+      loops: [loop] as unknown as AnyLoop[],
+      getSpec: () => ({ state, generation }),
+      backoff: { baseMs: 20, maxMs: 50 },
+      logger: pino({ level: 'silent' }),
+    });
+    try {
+      await controller.start(); // the first apply: the global file is new, the whole tree is tested
+      expect(tested.at(-1)).toEqual(['s0.gw.test.conf', 's1.gw.test.conf', 's2.gw.test.conf']);
+
+      state = withServices(4);
+      generation++;
+      tested.length = 0;
+      await controller.reconcileAll();
+      expect(tested).toEqual([['s3.gw.test.conf']]);
+      expect((await request({ port: ng.httpPort, host: 's3.gw.test' })).status).toBe(503); // served: no replica
+
+      // A reload refused after a test of the changed site alone: the retry tests everything.
+      state = withServices(5);
+      generation++;
+      tested.length = 0;
+      refuseNext = true;
+      await controller.reconcileAll();
+      expect(tested).toEqual([['s4.gw.test.conf']]);
+      // The key's retry timer runs the next pass.
+      await eventually(async () => ((await request({ port: ng.httpPort, host: 's4.gw.test' })).status === 503 ? true : undefined));
+      await controller.whenIdle();
+      expect(tested.slice(1)).toEqual([['s0.gw.test.conf', 's1.gw.test.conf', 's2.gw.test.conf', 's3.gw.test.conf', 's4.gw.test.conf']]);
+      expect((await request({ port: ng.httpPort, host: 's4.gw.test' })).status).toBe(503);
+
+      // And once a reload went through, tests are of the changed sites again.
+      state = withServices(6);
+      generation++;
+      tested.length = 0;
+      await controller.reconcileAll();
+      expect(tested).toEqual([['s5.gw.test.conf']]);
+    } finally {
+      await controller.stop();
+    }
+  });
+});
