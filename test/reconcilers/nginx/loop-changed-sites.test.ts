@@ -97,3 +97,32 @@ describe('Nginx loop: nginx -t of the changed sites', () => {
     }
   });
 });
+
+describe('Nginx loop: sites rendered again only when their inputs change', () => {
+  it('gives the files a full render gives, through changes, removals and new view options', async () => {
+    const { buildViews } = await import('../../../src/reconcilers/nginx/view.js');
+    const { renderAll } = await import('../../../src/reconcilers/nginx/render.js');
+    const view = { httpPort: 8080, httpsPort: 8443, acmeWebroot: '/w', accessLogPath: '/l' };
+    const loop = createNginxLoop({
+      confDir: '/nonexistent',
+      mainConfPath: '/nonexistent',
+      test: ng.test,
+      reload: async () => undefined,
+      view,
+    });
+    const none = { generation: 1, observedGeneration: 1, loops: {} };
+    const full = (s: ProxyState) => renderAll(buildViews(s, view));
+    const check = (s: ProxyState) => expect([...loop.desired(s, none)]).toEqual([...full(s)]);
+    let s = withServices(5);
+    check(s);
+    s = structuredClone(s);
+    s.spec.services[2]!.clientMaxBodySize = 1024;
+    check(s);
+    s.spec.services.splice(1, 1);
+    check(s);
+    s.spec.services.push(service({ run: 'a-first', domain: 'a-first.gw.test' }));
+    check(s);
+    view.httpPort = 8081; // the view options changed: every site again
+    check(s);
+  });
+});
