@@ -2,15 +2,57 @@
 // whatever the key order or style of the input.
 
 import { createHash } from 'node:crypto';
-import type { ProxyState } from './types.js';
+import type { ProxyState, ProxyStateSpec, Service } from './types.js';
 
 /**
  * Hash of a normalised state. normalise() builds every object in one fixed key order, so
  * JSON.stringify of its output is already canonical (and ten times faster than sorting keys
  * on the way); hashSpec re-normalises nothing, so pass it normalise()'s output, never raw input.
+ *
+ * The bytes hashed are exactly JSON.stringify(state.spec) — the value stored in state.json and
+ * database rows and compared on load — but built from one memoised JSON text per service object
+ * (specJson), so hashing a document in which one service changed serialises only that service.
  */
 export function hashSpec(state: ProxyState): string {
-  return createHash('sha256').update(JSON.stringify(state.spec)).digest('hex');
+  return createHash('sha256').update(specJson(state.spec)).digest('hex');
+}
+
+/**
+ * JSON of each service object already serialised. Sound because a normalised service is never
+ * changed in place: normalise() and the dstack mapper build a new object for every change and
+ * share the untouched ones between generations, which is what makes the memo pay.
+ */
+const serviceJson = new WeakMap<Service, string>();
+
+function jsonOfService(service: Service): string {
+  let text = serviceJson.get(service);
+  if (text === undefined) {
+    text = JSON.stringify(service);
+    serviceJson.set(service, text);
+  }
+  return text;
+}
+
+/** JSON.stringify(spec), byte for byte, with the services' texts memoised. */
+export function specJson(spec: ProxyStateSpec): string {
+  let out = '{';
+  for (const key of Object.keys(spec)) {
+    const value = (spec as unknown as Record<string, unknown>)[key];
+    const text = key === 'services' && Array.isArray(value) ? servicesJson(value as Service[]) : JSON.stringify(value);
+    if (text === undefined) continue; // undefined (or a function) is left out, as JSON.stringify does
+    out += `${out.length > 1 ? ',' : ''}${JSON.stringify(key)}:${text}`;
+  }
+  return `${out}}`;
+}
+
+function servicesJson(services: Service[]): string {
+  let out = '[';
+  for (let i = 0; i < services.length; i++) {
+    const s = services[i];
+    // JSON.stringify writes null for a hole or undefined; a service is always an object.
+    out += (i ? ',' : '') + (s !== null && typeof s === 'object' ? jsonOfService(s) : (JSON.stringify(s) ?? 'null'));
+  }
+  return `${out}]`;
 }
 
 /** JSON with object keys sorted; undefined members dropped, as JSON.stringify does. */

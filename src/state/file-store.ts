@@ -1,5 +1,6 @@
 // state.json under the state directory: written atomically (temp file in the same
-// directory, fsync, rename, fsync of the directory), mode 0600 in a 0700 directory.
+// directory, fsync, rename, fsync of the directory), mode 0600 in a 0700 directory; writes that
+// arrive while one is being made durable share the next one (group commit, see FileStore).
 // A missing file is generation 0; a corrupt one is an error naming the file — never an
 // empty state, which would make the gateway tear every site down.
 
@@ -8,7 +9,7 @@ import path from 'node:path';
 import { ProxyError } from '../errors.js';
 import { writeAtomic } from '../write-atomic.js';
 import { SpecError, emptyState, formatIssue, hashSpec, parseJsonText, validate, type ProxyState } from '../spec/index.js';
-import type { StateStore, StoredState, WriteOptions, WriteResult } from './store.js';
+import { mismatch, type StateStore, type StoredState, type WriteOptions, type WriteResult } from './store.js';
 
 export const STATE_FILE = 'state.json';
 const TEMP_PREFIX = '.state.json.tmp-';
@@ -26,48 +27,121 @@ export async function openFileStore(options: FileStoreOptions): Promise<StateSto
   await fs.mkdir(stateDir, { recursive: true, mode: 0o700 });
   await fs.chmod(stateDir, 0o700);
   await removeStaleTemps(stateDir);
-  const store = new FileStore(options);
-  await store.read(); // a corrupt file fails at start, not at the first PUT
-  return store;
+  // A corrupt file fails at start, not at the first PUT.
+  return new FileStore(options, await loadStateFile(path.join(stateDir, STATE_FILE)));
 }
 
+/** Writes accepted in memory that one file write will make durable, and their callers. */
+interface Group {
+  done: Promise<void>;
+  settle: (err?: unknown) => void;
+}
+
+function newGroup(): Group {
+  let settle!: (err?: unknown) => void;
+  const done = new Promise<void>((resolve, reject) => {
+    settle = (err) => (err === undefined ? resolve() : reject(err));
+  });
+  // A group nobody waits on any more (every caller gone) must not be an unhandled rejection.
+  done.catch(() => undefined);
+  return { done, settle };
+}
+
+/**
+ * Group commit. A write is decided at once against the newest accepted generation (If-Match,
+ * the no-op check, generation + 1), in call order, so the sequence of generations is the one a
+ * write-at-a-time store would produce. Its bytes reach the disk with the next file write:
+ * writes that arrive while one is in flight wait for it, then share a single write + fsync of
+ * the newest state, which covers all of them. Nobody is answered before the write covering
+ * its generation is durable; if that write fails, every write of its group and every write
+ * accepted after it (they built on the lost generations) fail with the same error, and the
+ * store goes back to the generation on disk. A refused If-Match changes nothing and is
+ * answered at once, naming the newest accepted generation.
+ */
 class FileStore implements StateStore {
   private readonly file: string;
-  private current: StoredState | undefined;
-  /** Writes are serialised so If-Match and the no-op check see a settled generation. */
-  private queue: Promise<unknown> = Promise.resolve();
+  /** The newest generation on disk: what read() answers. */
+  private durable: StoredState;
+  /** The newest accepted generation: what If-Match and the no-op check compare with. */
+  private accepted: StoredState;
+  /** The file write in progress and the generations it covers. */
+  private writing: Group | undefined;
+  /** Generations accepted since that write started: the next file write covers them. */
+  private waiting: Group | undefined;
 
-  constructor(private readonly options: FileStoreOptions) {
+  constructor(
+    private readonly options: FileStoreOptions,
+    loaded: StoredState,
+  ) {
     this.file = path.join(options.stateDir, STATE_FILE);
+    this.durable = loaded;
+    this.accepted = loaded;
   }
 
+  /** The stored document, once every write accepted before this call has settled. */
   async read(): Promise<StoredState> {
-    this.current ??= await loadStateFile(this.file);
-    return this.current;
+    await this.pending()?.done.catch(() => undefined);
+    return this.durable;
   }
 
-  write(state: ProxyState, options: WriteOptions = {}): Promise<WriteResult> {
-    const run = this.queue.then(() => this.writeNow(state, options));
-    this.queue = run.catch(() => undefined);
-    return run;
-  }
-
-  private async writeNow(state: ProxyState, { ifMatch }: WriteOptions): Promise<WriteResult> {
-    const current = await this.read();
-    if (ifMatch !== undefined && ifMatch !== current.generation) {
-      throw new ProxyError('DP_ERR_GENERATION_MISMATCH', `If-Match is ${ifMatch}; the current generation is ${current.generation}`, {
-        generation: current.generation,
-      });
-    }
+  write(state: ProxyState, { ifMatch }: WriteOptions = {}): Promise<WriteResult> {
+    const current = this.accepted;
+    if (ifMatch !== undefined && ifMatch !== current.generation) return Promise.reject(mismatch(ifMatch, current.generation));
     const hash = hashSpec(state);
-    if (hash === current.hash) return { ...current, changed: false };
+    if (hash === current.hash) {
+      // The answer names a generation: it waits until that one is on disk (and fails if it never gets there).
+      const same: WriteResult = { ...current, changed: false };
+      return this.pending()?.done.then(() => same) ?? Promise.resolve(same);
+    }
     const next: StoredState = {
       generation: current.generation + 1,
       hash,
       state,
       updatedAt: new Date((this.options.clock ?? Date).now()).toISOString(),
     };
-    await writeAtomic(this.file, serialise(next), {
+    this.accepted = next;
+    const group = (this.waiting ??= newGroup());
+    // On the next microtask, so writes made in the same turn share the file write too.
+    if (!this.writing) queueMicrotask(() => this.startWrite());
+    const changed: WriteResult = { ...next, changed: true };
+    return group.done.then(() => changed);
+  }
+
+  async close(): Promise<void> {
+    await this.read();
+  }
+
+  /** The group whose file write will cover the newest accepted generation, if that is not on disk yet. */
+  private pending(): Group | undefined {
+    return this.waiting ?? this.writing;
+  }
+
+  private startWrite(): void {
+    if (this.writing || !this.waiting) return;
+    const group = this.waiting;
+    const target = this.accepted;
+    this.waiting = undefined;
+    this.writing = group;
+    this.writeFile(target).then(
+      () => {
+        this.durable = target;
+        this.writing = undefined;
+        group.settle();
+        this.startWrite();
+      },
+      (err: unknown) => {
+        const later = this.waiting;
+        this.writing = undefined;
+        this.waiting = undefined;
+        this.accepted = this.durable;
+        group.settle(err);
+        later?.settle(err);
+      },
+    );
+  }
+
+  private writeFile(s: StoredState): Promise<void> {
+    return writeAtomic(this.file, serialise(s), {
       mode: 0o600,
       fsyncFile: true,
       fsyncDir: true,
@@ -75,12 +149,6 @@ class FileStore implements StateStore {
       beforeRename: this.options.beforeRename,
       mapError: writeError,
     });
-    this.current = next;
-    return { ...next, changed: true };
-  }
-
-  async close(): Promise<void> {
-    await this.queue;
   }
 }
 

@@ -32,6 +32,8 @@ class WatchedFileStore implements WatchedStateStore {
   /** ino:size:mtime of the state.json last loaded or written. */
   private signature: string | undefined;
   private queue: Promise<unknown> = Promise.resolve();
+  /** Our own writes accepted and not yet on disk: the file changes under us meanwhile, and that is not news. */
+  private writesInFlight = 0;
   private timer: NodeJS.Timeout | undefined;
 
   constructor(
@@ -42,7 +44,9 @@ class WatchedFileStore implements WatchedStateStore {
     this.file = path.join(options.stateDir, STATE_FILE);
   }
 
-  read(): Promise<StoredState> {
+  /** The newest good document, once every write accepted before this call has settled. */
+  async read(): Promise<StoredState> {
+    await this.inner.read();
     return this.serialised(async () => {
       await this.refresh();
       const good = this.tracker.current;
@@ -51,17 +55,30 @@ class WatchedFileStore implements WatchedStateStore {
     });
   }
 
-  write(state: ProxyState, options?: WriteOptions): Promise<WriteResult> {
-    return this.serialised(async () => {
+  async write(state: ProxyState, options?: WriteOptions): Promise<WriteResult> {
+    // Only the acceptance (If-Match, no-op check, generation) runs in the queue; the wait for
+    // the disk does not, so writes arriving meanwhile share the inner store's next file write.
+    const { durable } = await this.serialised(async () => {
       await this.refresh();
-      const result = await this.inner.write(state, options);
-      if (result.changed) {
-        this.signature = await signature(this.file);
-        const { changed: _changed, ...stored } = result;
-        this.tracker.wrote(stored);
-      }
-      return result;
+      this.writesInFlight++;
+      return { durable: this.inner.write(state, options) };
     });
+    let result: WriteResult;
+    try {
+      result = await durable;
+    } catch (err) {
+      await this.serialised(async () => void this.writesInFlight--);
+      throw err;
+    }
+    // Callers are resumed in generation order, so the tracker hears the generations in order.
+    await this.serialised(async () => {
+      this.writesInFlight--;
+      if (!result.changed) return;
+      this.signature = await signature(this.file);
+      const { changed: _changed, ...stored } = result;
+      this.tracker.wrote(stored);
+    });
+    return result;
   }
 
   watch(listener: ChangeListener): () => void {
@@ -92,6 +109,7 @@ class WatchedFileStore implements WatchedStateStore {
 
   /** Load state.json again if its signature changed since we last loaded or wrote it. */
   private async refresh(): Promise<void> {
+    if (this.writesInFlight > 0) return;
     const sig = await signature(this.file);
     if (sig === this.signature) return;
     this.signature = sig;

@@ -2,6 +2,7 @@
 // equal hash, whatever the key order, list order, case, syntax or spelt-out defaults; any
 // single change, a different hash.
 
+import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { stringify, type ToStringOptions } from 'yaml';
 import {
@@ -9,6 +10,7 @@ import {
   LETS_ENCRYPT_PRODUCTION,
   hashSpec,
   normalise,
+  specJson,
   parseDocument,
   type ProxyState,
 } from '../../src/spec/index.js';
@@ -116,6 +118,24 @@ describe('on a generated document of 1,000 services', () => {
 describe('hashSpec', () => {
   it('is the sha256 hex digest of the spec', () => {
     expect(hashOf(generateDocument(3, 1))).toMatch(/^[0-9a-f]{64}$/);
+  });
+
+  it('hashes the bytes of JSON.stringify(spec), as stored hashes were made, with service texts reused across documents', () => {
+    const plain = (state: ProxyState): string => createHash('sha256').update(JSON.stringify(state.spec)).digest('hex');
+    for (const seed of SEEDS) {
+      const state = stateOf(randomDocument(prng(seed)));
+      expect(specJson(state.spec)).toBe(JSON.stringify(state.spec));
+      expect(hashSpec(state)).toBe(plain(state));
+    }
+    const big = stateOf(generateDocument(50, 2));
+    expect(hashSpec(big)).toBe(plain(big));
+    // The next generation shares every service object but one: the shared texts are reused.
+    const [first, ...rest] = big.spec.services;
+    const next: ProxyState = { ...big, spec: { ...big.spec, services: [{ ...first!, clientMaxBodySize: 1 }, ...rest] } };
+    expect(hashSpec(next)).toBe(plain(next));
+    expect(hashSpec(next)).not.toBe(hashSpec(big));
+    const none: ProxyState = { ...big, spec: { ...big.spec, services: [] } };
+    expect(specJson(none.spec)).toBe(JSON.stringify(none.spec));
   });
 
   it('ignores metadata (generation and hash are not intent)', () => {

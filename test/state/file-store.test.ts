@@ -85,6 +85,65 @@ describe('file state store', () => {
     expect(readdirSync(stateDir)).toEqual([STATE_FILE]);
   });
 
+  it('shares one file write among writes that arrive while one is in flight, each with its own generation', async () => {
+    let renames = 0;
+    const store = await openFileStore({ stateDir, beforeRename: () => void renames++ });
+    const docs = Array.from({ length: 10 }, (_, i) => ({
+      ...docA,
+      spec: { ...docA.spec, services: docA.spec.services.map((s) => ({ ...s, clientMaxBodySize: 1000 + i })) },
+    }));
+    const results = await Promise.all(docs.map((d) => store.write(d)));
+    expect(results.map((r) => r.generation)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    expect(results.every((r) => r.changed)).toBe(true);
+    expect(renames).toBeLessThan(10);
+    const s = await (await openFileStore({ stateDir })).read();
+    expect(s).toMatchObject({ generation: 10, hash: results[9]!.hash });
+    expect(s.state).toEqual(docs[9]);
+  });
+
+  it('answers a no-op and If-Match against the newest accepted write, and only once it is on disk', async () => {
+    const store = await openFileStore({ stateDir });
+    const first = store.write(docA);
+    const again = store.write(structuredClone(docA));
+    const conditional = store.write(docB, { ifMatch: 1 });
+    await expect(store.write(docB, { ifMatch: 0 })).rejects.toMatchObject({ code: 'DP_ERR_GENERATION_MISMATCH' });
+    await expect(first).resolves.toMatchObject({ changed: true, generation: 1 });
+    await expect(again).resolves.toMatchObject({ changed: false, generation: 1 });
+    await expect(conditional).resolves.toMatchObject({ changed: true, generation: 2 });
+    expect((await store.read()).generation).toBe(2);
+  });
+
+  it('acknowledges nobody of a group whose write crashes before the rename, nor anyone after, and keeps the file', async () => {
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let renames = 0;
+    const store = await openFileStore({
+      stateDir,
+      beforeRename: async () => {
+        renames++;
+        if (renames === 1) return held; // the first group's write waits here while the next group forms
+        throw new Error('power cut');
+      },
+    });
+    const docs = Array.from({ length: 4 }, (_, i) => ({
+      ...docA,
+      spec: { ...docA.spec, services: docA.spec.services.map((s) => ({ ...s, clientMaxBodySize: 2000 + i })) },
+    }));
+    const first = store.write(docs[0]!);
+    await new Promise((r) => setImmediate(r));
+    const group = docs.slice(1).map((d) => store.write(d));
+    release();
+    await expect(first).resolves.toMatchObject({ generation: 1 });
+    for (const w of group) await expect(w).rejects.toThrow('power cut');
+    expect(renames).toBe(2);
+    // The store is back at the generation on disk.
+    expect((await store.read()).generation).toBe(1);
+    const s = await (await openFileStore({ stateDir })).read();
+    expect(s.generation).toBe(1);
+    expect(s.state).toEqual(docs[0]);
+    expect(readdirSync(stateDir)).toEqual([STATE_FILE]);
+  });
+
   it('removes temp files a crash left behind, keeping the state', async () => {
     const store = await openFileStore({ stateDir });
     await store.write(docA);

@@ -57,16 +57,19 @@ describe('compatWriter', () => {
     const s = await store();
     const writer = compatWriter(s, logger);
     let attempts = 0;
+    const operator: Promise<unknown>[] = [];
     const racing = writer.write(
       (cur) => {
         attempts++;
-        void s.write(withProject(cur.state, `operator-${attempts}`));
+        operator.push(s.write(withProject(cur.state, `operator-${attempts}`)));
         return applyCall(cur.state, entrypoint('main', 'gateway.main.example.test'));
       },
       { call: 'registerEntrypoint' },
     );
     await expect(racing).rejects.toMatchObject({ code: 'DP_ERR_GENERATION_MISMATCH' });
     expect(attempts).toBe(MAX_WRITE_ATTEMPTS);
+    // A refused If-Match is answered at once; the operator's writes land on disk after it.
+    await Promise.all(operator);
   });
 
   it('an identical call writes nothing; a refused candidate is "<path>: <message>" and writes nothing', async () => {
