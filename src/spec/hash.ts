@@ -22,13 +22,14 @@ export function hashSpec(state: ProxyState): string {
  * changed in place: normalise() and the dstack mapper build a new object for every change and
  * share the untouched ones between generations, which is what makes the memo pay.
  */
-const serviceJson = new WeakMap<Service, string>();
+const serviceTexts = new WeakMap<Service, string>();
 
-function jsonOfService(service: Service): string {
-  let text = serviceJson.get(service);
+/** JSON.stringify(service), memoised per service object. */
+export function serviceJson(service: Service): string {
+  let text = serviceTexts.get(service);
   if (text === undefined) {
     text = JSON.stringify(service);
-    serviceJson.set(service, text);
+    serviceTexts.set(service, text);
   }
   return text;
 }
@@ -50,7 +51,7 @@ function servicesJson(services: Service[]): string {
   for (let i = 0; i < services.length; i++) {
     const s = services[i];
     // JSON.stringify writes null for a hole or undefined; a service is always an object.
-    out += (i ? ',' : '') + (s !== null && typeof s === 'object' ? jsonOfService(s) : (JSON.stringify(s) ?? 'null'));
+    out += (i ? ',' : '') + (s !== null && typeof s === 'object' ? serviceJson(s) : (JSON.stringify(s) ?? 'null'));
   }
   return `${out}]`;
 }

@@ -7,20 +7,9 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { connect, type Socket } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Balancer, Replicas, SERVICE_HEADER, type Upstream } from '../../src/dataplane/index.js';
+import { Balancer, Replicas, SERVICE_HEADER } from '../../src/dataplane/index.js';
 import { tmpDir } from '../helpers/tmp.js';
-
-function tcpUpstream(port: number): Upstream {
-  return {
-    isReady: () => true,
-    open: () =>
-      new Promise((resolve, reject) => {
-        const s = connect({ host: '127.0.0.1', port });
-        s.once('connect', () => resolve(s));
-        s.once('error', reject);
-      }),
-  };
-}
+import { tcpUpstream } from '../helpers/replicas.js';
 
 interface Replica {
   server: Server;

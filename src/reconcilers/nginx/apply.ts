@@ -348,10 +348,11 @@ async function withCandidate<T>(
     // Hard links, not copies: 1,000 sites cost 1,000 link() calls instead of reads and
     // writes. A changed file is unlinked before it is written, so no original is touched.
     const all = (await listConf(sitesDir)).filter((name) => !deleted.has(name));
-    const partial = opts.changedOnly !== undefined && changes.every((c) => c.name.startsWith(`${SITES_SUBDIR}/`));
+    const isSite = (name: string): boolean => name.startsWith(`${SITES_SUBDIR}/`);
+    const foreign = changes.every((c) => isSite(c.name)) ? opts.changedOnly?.foreign : undefined;
+    const partial = foreign !== undefined;
     const changed = new Set(changes.map((c) => c.name));
-    const foreign = opts.changedOnly?.foreign;
-    const kept = partial ? all.filter((name) => !name.startsWith(`${SITES_SUBDIR}/`) || changed.has(name) || foreign!.has(name)) : all;
+    const kept = partial ? all.filter((name) => !isSite(name) || changed.has(name) || foreign.has(name)) : all;
     // A test of part of the tree is quicker than the reload that parses all of it: the reload's
     // deadline is scaled as if the whole tree had been tested.
     const testScale = partial ? Math.max(1, (all.length + 1) / (new Set([...kept, ...changed]).size + 1)) : 1;

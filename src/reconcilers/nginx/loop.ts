@@ -20,8 +20,8 @@ import {
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
 import type { NginxProcessInfo, ReloadHint, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 import { nginxMetricFamilies } from './metrics.js';
-import { renderAll } from './render.js';
-import { buildViews, type CertPaths, type UpstreamTarget, type ViewOptions } from './view.js';
+import { siteRenders } from './site-renders.js';
+import type { CertPaths, UpstreamTarget, ViewOptions } from './view.js';
 
 export { NGINX_LOOP } from '../outputs.js';
 import { certificateOutputs, NGINX_LOOP, TLS_LOOP } from '../outputs.js';
@@ -136,7 +136,7 @@ export function createNginxLoop(
       },
       (err: unknown) => ctx.logger.warn({ err }, 'could not remove the files an interrupted apply left behind'),
     ));
-  const renders = siteRenders(o);
+  const renders = siteRenders({ view: o.view, ...(o.upstreamFor ? { upstreamFor: o.upstreamFor } : {}) });
   const master = o.master;
   const supervisor = o.supervisor ?? (master ? () => master.info : undefined);
   return {
@@ -296,79 +296,6 @@ export function createNginxLoop(
         ctx.status.set(key, { type: 'Degraded', status: 'True', reason: 'ConfigRejected', message });
       }
       return outcomes;
-    },
-  };
-}
-
-/** A site's file as last rendered, and what it was rendered from. */
-interface RenderedSite {
-  /** The service or entrypoint as JSON, its certificate and its upstream: all the site depends on besides the view options. */
-  key: string;
-  fileName: string;
-  text: string;
-}
-
-/**
- * The files of a document, each site rendered again only when what it is rendered from changed.
- * A pass over 10,000 services one of which changed builds and renders one site view; the others
- * cost a JSON.stringify each (normalise() builds every object in one key order, so equal intent
- * is equal text). Pure as far as callers can tell: the same inputs give the same files.
- */
-function siteRenders(o: NginxLoopOptions): {
-  render(spec: ProxyState, certFor: (domain: string) => CertPaths | null): Map<string, string>;
-} {
-  let memo = new Map<string, RenderedSite>();
-  let viewKey = '';
-  return {
-    render(spec, certFor) {
-      // The view options are read at every pass (the API's URL is fixed up once it listens):
-      // any change to them renders every site again.
-      const nextViewKey = JSON.stringify(o.view);
-      if (nextViewKey !== viewKey) memo = new Map();
-      viewKey = nextViewKey;
-      const certKey = (domain: string, https: boolean): string => {
-        const cert = https ? certFor(domain) : null;
-        return cert ? `${cert.certPath}\0${cert.keyPath}` : '';
-      };
-      const next = new Map<string, RenderedSite>();
-      const stale: ProxyState['spec'] = { ...spec.spec, services: [], entrypoints: [] };
-      for (const s of spec.spec.services) {
-        if (!s.domain) continue; // in-server only: no site
-        const upstream = o.upstreamFor ? JSON.stringify(o.upstreamFor(s)) : '';
-        const key = `s${JSON.stringify(s)}\0${certKey(s.domain, s.https)}\0${upstream}`;
-        const hit = memo.get(s.domain);
-        if (hit?.key === key) next.set(s.domain, hit);
-        else {
-          stale.services.push(s);
-          next.set(s.domain, { key, fileName: '', text: '' });
-        }
-      }
-      for (const e of spec.spec.entrypoints) {
-        const key = `e${JSON.stringify(e)}\0${certKey(e.domain, e.https)}`;
-        const hit = memo.get(e.domain);
-        if (hit?.key === key) next.set(e.domain, hit);
-        else {
-          stale.entrypoints.push(e);
-          next.set(e.domain, { key, fileName: '', text: '' });
-        }
-      }
-      // The global file and the sites whose inputs changed, through the one view builder.
-      const views = buildViews({ ...spec, spec: stale }, { ...o.view, certFor, ...(o.upstreamFor ? { upstreamFor: o.upstreamFor } : {}) });
-      const fresh = renderAll(views);
-      for (const site of views.sites) {
-        const entry = next.get(site.domain)!;
-        entry.fileName = site.fileName;
-        entry.text = fresh.get(site.fileName)!;
-      }
-      memo = next;
-      // As renderAll orders them: the global file, then the sites by domain.
-      const domains = [...next.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-      const files = new Map<string, string>([[views.global.fileName, fresh.get(views.global.fileName)!]]);
-      for (const d of domains) {
-        const site = next.get(d)!;
-        files.set(site.fileName, site.text);
-      }
-      return files;
     },
   };
 }

@@ -176,20 +176,14 @@ export function directUpstream(service: Service): UpstreamTarget {
 
 /** `listen` argument of the internal listener; the path must fit a sockaddr_un (107 bytes). */
 export function internalListen(path: string): string {
-  if (!path.startsWith('/')) throw new ProxyError('DP_ERR_BAD_OPTION', `the internal socket path must be absolute, got ${path}`);
-  if (Buffer.byteLength(path) > 107)
-    throw new ProxyError(
-      'DP_ERR_BAD_OPTION',
-      `the internal socket path is longer than 107 bytes (a Unix socket limit): ${path}; use a shorter --state-dir`,
-    );
-  return `unix:${path}`;
+  return unixAddress(path, 'the internal socket path', '; use a shorter --state-dir');
 }
 
-/** `server` argument of a Unix socket upstream; the path must fit a sockaddr_un (107 bytes). */
-function unixServer(path: string): string {
-  if (!path.startsWith('/')) throw new ProxyError('DP_ERR_BAD_OPTION', `the data-plane socket path must be absolute, got ${path}`);
+/** `unix:<path>` of a socket Nginx listens on or connects to; refused unless absolute and short enough for sun_path. */
+function unixAddress(path: string, what: string, hint = ''): string {
+  if (!path.startsWith('/')) throw new ProxyError('DP_ERR_BAD_OPTION', `${what} must be absolute, got ${path}`);
   if (Buffer.byteLength(path) > 107)
-    throw new ProxyError('DP_ERR_BAD_OPTION', `the data-plane socket path is longer than 107 bytes (a Unix socket limit): ${path}`);
+    throw new ProxyError('DP_ERR_BAD_OPTION', `${what} is longer than 107 bytes (a Unix socket limit): ${path}${hint}`);
   return `unix:${path}`;
 }
 
@@ -224,7 +218,9 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
   const listenHttp = listenAddress(listenHost, opts.httpPort);
   const listenHttps = listenAddress(listenHost, opts.httpsPort);
   const listenInternal = opts.internalSocket ? internalListen(opts.internalSocket) : null;
-  const dataplane = opts.dataplaneSocket ? { name: DATAPLANE_UPSTREAM, server: unixServer(opts.dataplaneSocket) } : null;
+  const dataplane = opts.dataplaneSocket
+    ? { name: DATAPLANE_UPSTREAM, server: unixAddress(opts.dataplaneSocket, 'the data-plane socket path') }
+    : null;
   const redirectPort = opts.httpsPort === 443 ? '' : `:${opts.httpsPort}`;
   const trustedProxies = [...new Set(opts.trustedProxies ?? [])];
   const behindProxies = trustedProxies.length > 0;

@@ -7,7 +7,7 @@ import type { Server } from 'node:http';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Balancer, Replicas, SERVICE_HEADER, type Upstream } from '../../../src/dataplane/index.js';
+import { Balancer, Replicas, SERVICE_HEADER } from '../../../src/dataplane/index.js';
 import { applyFiles, diffFiles, readOwned } from '../../../src/reconcilers/nginx/apply.js';
 import { renderAll } from '../../../src/reconcilers/nginx/render.js';
 import { buildViews } from '../../../src/reconcilers/nginx/view.js';
@@ -16,19 +16,8 @@ import { close, request, startEcho } from '../../helpers/http.js';
 import { startTestNginx, type TestNginx } from '../../helpers/nginx.js';
 import { freePorts } from '../../helpers/ports.js';
 import { tmpDir } from '../../helpers/tmp.js';
+import { tcpUpstream } from '../../helpers/replicas.js';
 import { service } from './fixtures.js';
-
-function tcpUpstream(port: number): Upstream {
-  return {
-    isReady: () => true,
-    open: () =>
-      new Promise((resolve, reject) => {
-        const s = connect({ host: '127.0.0.1', port });
-        s.once('connect', () => resolve(s));
-        s.once('error', reject);
-      }),
-  };
-}
 
 /** Raw bytes to Nginx's HTTP port; what came back by the time it closed (or after `ms`). */
 function rawNginx(port: number, bytes: string, ms = 5_000): Promise<string> {
