@@ -236,9 +236,12 @@ export function hostActions(o: RealActionsOptions): HostActions {
       const started = Date.now();
       const restarted = await systemctl(settings, ['restart', unitFile(settings)]);
       if (restarted.exitCode !== 0) {
+        // A daemon that dies at once fails the restart itself (how quickly depends on the
+        // service manager); it says nothing more than its exit, so the log is where to look.
+        const said = oneLine(restarted.stderr || restarted.stdout);
         return {
           ok: false,
-          reason: `systemctl restart ${unitFile(settings)} exited ${restarted.exitCode}: ${restarted.stderr || restarted.stdout}`,
+          reason: `systemctl restart ${unitFile(settings)} exited ${restarted.exitCode}${said ? `: ${said}` : ' (its journal says why)'}`,
         };
       }
       const ready: Readiness = await waitReady(url, o.readyTimeoutMs);
