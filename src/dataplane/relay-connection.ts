@@ -17,6 +17,8 @@
 //   (Replicas.open) and spliced until either side closes.
 // - On the shared socket (serviceKey null) each request names its service in SERVICE_HEADER,
 //   which Nginx sets and the replica never sees; on a service's own socket the socket names it.
+//   Our default server names none (BY_HOST): the request's Host picks the service by its
+//   by-host route, and a host without one is sent back to Nginx's 404 (X-Accel-Redirect).
 
 import type { Socket } from 'node:net';
 import { Readable } from 'node:stream';
@@ -27,7 +29,7 @@ import { parseRequestHead, type RequestHead } from '../http1/request-head.js';
 import { detailResponse } from './detail.js';
 import { DataPlaneError, statusFor } from './errors.js';
 import type { Replicas } from './replicas.js';
-import { SERVICE_HEADER } from './service-header.js';
+import { BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
 import { splice } from './splice.js';
 
 /** What a relayed connection reports to its balancer. */
@@ -128,6 +130,10 @@ export class RelayConnection {
         const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', SERVICE_HEADER_PROBLEM), '');
         return this.#close(detailResponse(a.status, a.detail, false));
       }
+      if (service === BY_HOST) {
+        service = this.replicas.serviceForHost(hostOf(head.rawHeaders)) ?? null;
+        if (service === null) return this.#unknownHost(head);
+      }
     }
     if (head.upgrade) return this.#pin(service, head);
     this.stats.requests++;
@@ -165,6 +171,18 @@ export class RelayConnection {
       { method: head.method, path: head.target, headers: forwardHeaders(head.rawHeaders), body, validated: true },
       req,
     );
+  }
+
+  /**
+   * A by-host request for a host without a route: Nginx answers it as it answers unknown hosts.
+   * A request with a body closes the connection (its body is not read); without one the next
+   * request on the connection is read as usual.
+   */
+  #unknownHost(head: RequestHead): void {
+    if (head.transferEncoding || head.contentLength > 0 || head.upgrade) return this.#close(UNKNOWN_HOST_CLOSE);
+    this.#buf = head.size === this.#buf.length ? EMPTY : this.#buf.subarray(head.size);
+    this.socket.write(UNKNOWN_HOST, 'latin1');
+    if (this.#buf.length > 0) process.nextTick(this.#onNext);
   }
 
   /** The answer's body could not be written at once: reading from the replica waits for 'drain'. */
@@ -536,6 +554,22 @@ function connectionNames(value: string, names: readonly string[]): readonly stri
   return out ?? names;
 }
 
+const UNKNOWN_HOST = `HTTP/1.1 404 Not Found\r\nX-Accel-Redirect: ${UNKNOWN_HOST_LOCATION}\r\nContent-Length: 0\r\n\r\n`;
+const UNKNOWN_HOST_CLOSE = `HTTP/1.1 404 Not Found\r\nX-Accel-Redirect: ${UNKNOWN_HOST_LOCATION}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`;
+
+/** The request's Host without a port, as Nginx's $host has it (lower case); '' without one. */
+function hostOf(raw: readonly string[]): string {
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 4 && sameLower(name, 0, 'host')) {
+      const value = raw[i + 1]!;
+      const colon = value.indexOf(':');
+      return (colon === -1 ? value : value.slice(0, colon)).toLowerCase();
+    }
+  }
+  return '';
+}
+
 const SERVICE_HEADER_LOWER = SERVICE_HEADER.toLowerCase();
 const SERVICE_HEADER_PROBLEM = `a request on the shared data-plane socket needs exactly one ${SERVICE_HEADER} header`;
 /** `<project>/<run>` as the document's names allow them (src/spec/schema.ts): nothing else is looked up or echoed. */
@@ -559,7 +593,7 @@ function takeService(raw: string[]): string | null {
   const value = raw[at + 1]!;
   raw.copyWithin(at, at + 2);
   raw.length -= 2;
-  return SERVICE_KEY.test(value) ? value : null;
+  return value === BY_HOST || SERVICE_KEY.test(value) ? value : null;
 }
 
 /** A request head as text again, from its parsed parts (the header list as it is now). */

@@ -88,6 +88,9 @@ export class Replicas {
   readonly #perReplica: number;
   /** Read timeouts of the services that set their own. */
   readonly #serviceReadMs = new Map<string, number>();
+  /** By-host routes: host → service, and each routed service's host. */
+  readonly #hostService = new Map<string, string>();
+  readonly #serviceHost = new Map<string, string>();
   readonly logger: Logger | undefined;
 
   constructor(o: ReplicasOptions = {}) {
@@ -130,6 +133,35 @@ export class Replicas {
     if (ms === undefined) this.#serviceReadMs.delete(serviceKey);
     else this.#serviceReadMs.set(serviceKey, ms);
     for (const r of this.#services.get(serviceKey) ?? []) r.renewPool();
+  }
+
+  /**
+   * The service a request our default server sends (no site of its own yet) is for, by its
+   * Host; null removes the service's route. A host names one service at most: the document's
+   * domains are unique, and a route set for another service replaces the old one.
+   */
+  setHostRoute(serviceKey: string, host: string | null): void {
+    const old = this.#serviceHost.get(serviceKey);
+    if (old === host) return;
+    if (old !== undefined) {
+      this.#serviceHost.delete(serviceKey);
+      if (this.#hostService.get(old) === serviceKey) this.#hostService.delete(old);
+    }
+    if (host === null) return;
+    const prev = this.#hostService.get(host);
+    if (prev !== undefined) this.#serviceHost.delete(prev);
+    this.#hostService.set(host, serviceKey);
+    this.#serviceHost.set(serviceKey, host);
+  }
+
+  /** The service routed by `host` (lower case, no port). */
+  serviceForHost(host: string): string | undefined {
+    return this.#hostService.get(host);
+  }
+
+  /** Every by-host route, by service. */
+  hostRoutes(): ReadonlyMap<string, string> {
+    return this.#serviceHost;
   }
 
   /** The services with options of their own, and those options. */

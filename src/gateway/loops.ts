@@ -49,6 +49,9 @@ export function gatewayLoops(
     trustedProxies: parseTrustedProxies(options.trustedProxies),
     healthCheck: options.healthCheckOk === 'true',
     defaultServer: options.defaultServer === 'true',
+    // A new service without auth, limits or a certificate is served through our default server
+    // as soon as the data plane has it, before the reload that brings its own site in.
+    byHostDefault: true,
   };
   const ssh = createSshLoop({
     stateDir,
@@ -59,6 +62,8 @@ export function gatewayLoops(
     drainMs: options.drainPeriod * 1000,
     // One socket, one upstream and keep-alive pool in Nginx, whatever the number of services.
     sharedSocket: true,
+    // What the default server relays by Host (view.byHostDefault).
+    hostRoutes: true,
     // A removed service's replicas stay until Nginx has stopped routing to it.
     routedBy: NGINX_LOOP,
     ...(deps.ssh ?? {}),

@@ -270,3 +270,19 @@ export function changedFiles(before: Map<string, FileStamp>, after: Map<string, 
 export function siteFile(t: TestGateway, domain: string): string {
   return join(t.gw.paths.confDir, 'sites', `${domain}.conf`);
 }
+
+/**
+ * Wait until Nginx serves `domain`'s site: the Nginx loop reports it Applied, which it does once
+ * the reload that brought the site in has no worker of the previous config accepting any more.
+ * A request answered 200 says less: during a reload, old workers (without the site) still take
+ * some of the new connections.
+ */
+export async function siteServed(t: TestGateway, domain: string, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const ready = t.gw.controller.statuses().loops.nginx?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
+    if (ready?.status === 'True' && ready.reason === 'Applied') return;
+    if (Date.now() > deadline) throw new Error(`${domain} not served by Nginx within ${timeoutMs} ms: ${JSON.stringify(ready ?? null)}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}

@@ -446,6 +446,15 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     });
     expect(put.status, await put.text()).toBe(200);
     await eventually(async () => ((await serves()) === 200 ? true : undefined), 30_000);
+    // The default server relays the new host before its site is in; the reload that brings the site
+    // in must be behind us, or the update test below would see its new workers.
+    await eventually(async () => {
+      const status = (await (await fetch(`http://127.0.0.1:${apiPort}/api/v1/status`)).json()) as {
+        loops: Record<string, { objects: Record<string, { conditions: { type: string; status: string; reason: string }[] }> }>;
+      };
+      const ready = status.loops.nginx?.objects['app.gw.test']?.conditions.find((c) => c.type === 'Ready');
+      return ready?.status === 'True' && ready.reason === 'Applied' ? true : undefined;
+    }, 30_000);
     mkdirSync(join(root, 'certbot', 'config', 'live', 'app.gw.test'), { recursive: true });
     writeFileSync(join(root, 'certbot', 'config', 'live', 'app.gw.test', 'fullchain.pem'), 'kept\n');
     generationHash = storedMeta();

@@ -21,7 +21,7 @@
 // Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
 // X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
-import { SERVICE_HEADER } from '../../dataplane/service-header.js';
+import { BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from '../../dataplane/service-header.js';
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
 
@@ -77,19 +77,24 @@ export function renderGlobal(v: GlobalView): string {
   if (!v.defaultServer) {
     l.push(...internalDefaultServer(v));
   } else {
-    l.push('# Unknown hosts: 404, except ACME HTTP-01 challenges for domains without a site yet.');
+    if (v.byHost) {
+      l.push('# Hosts without a site: the data plane relays those of a service it routes by host (one whose');
+      l.push('# site is not served yet) and sends the rest back to the 404; ACME HTTP-01 challenges as below.');
+    } else l.push('# Unknown hosts: 404, except ACME HTTP-01 challenges for domains without a site yet.');
     l.push(
       ...block('server', [
         `listen ${v.listenHttp} default_server;`,
-        ...(v.listenInternal ? [`listen ${v.listenInternal} default_server;`] : []),
+        ...(v.listenInternal && !v.byHost ? [`listen ${v.listenInternal} default_server;`] : []),
         'server_name _;',
         'access_log off;',
         ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`]),
         ...healthLocation(v),
-        ...block('location /', ['return 404;']),
+        ...(v.byHost && v.dataplane ? byHostLocations(v.byHost, v.dataplane.name) : block('location /', ['return 404;'])),
       ]),
       '',
     );
+    // The model API's internal listener reaches services by their own sites only.
+    if (v.byHost) l.push(...internalDefaultServer(v), ...(v.listenInternal ? [''] : []));
     l.push("# Unknown TLS server names: refuse the handshake rather than show another site's certificate.");
     l.push(
       ...block('server', [
@@ -101,6 +106,32 @@ export function renderGlobal(v: GlobalView): string {
     );
   }
   return text(l);
+}
+
+/**
+ * The default server's relay to the data plane, for hosts without a site: what a service site's
+ * replica location sets for a service with no auth, limits or CORS, the service named by Host
+ * (SERVICE_HEADER BY_HOST). The data plane's unknown-host answer comes back as an internal
+ * redirect to the 404, which logs nothing, as the default server never did.
+ */
+function byHostLocations(b: NonNullable<GlobalView['byHost']>, upstream: string): Lines {
+  return [
+    ...block('location /', [
+      `access_log ${quote(b.accessLogPath)} ${LOG_FORMAT};`,
+      `client_max_body_size ${b.clientMaxBodySize};`,
+      'set $dstack_replica_hit 1;',
+      `proxy_pass http://${upstream};`,
+      'proxy_http_version 1.1;',
+      ...forwardedHeaders({ behindProxies: b.behindProxies }),
+      'proxy_set_header Upgrade $http_upgrade;',
+      'proxy_set_header Connection $dstack_connection_upgrade;',
+      `proxy_set_header ${SERVICE_HEADER} ${BY_HOST};`,
+      `proxy_read_timeout ${b.proxyReadTimeoutSec}s;`,
+      `proxy_send_timeout ${b.proxyReadTimeoutSec}s;`,
+      'proxy_buffering off;',
+    ]),
+    ...block(`location ${UNKNOWN_HOST_LOCATION}`, ['access_log off;', 'return 404;']),
+  ];
 }
 
 /**
@@ -246,7 +277,7 @@ function acmeLocation(v: SiteCommon): Lines {
  * before it are the client's own say, and a replica reading either end of the list gets the
  * client (appending would put the balancer's address last, where most frameworks look).
  */
-function forwardedHeaders(v: SiteCommon): Lines {
+function forwardedHeaders(v: Pick<SiteCommon, 'behindProxies'>): Lines {
   if (v.behindProxies) {
     return [
       'proxy_set_header Host $host;',

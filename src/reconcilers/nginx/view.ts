@@ -4,7 +4,7 @@
 
 import { ProxyError } from '../../errors.js';
 import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
-import { ROUTER_ALLOWED_PATHS, serviceKey } from '../../spec/types.js';
+import { DEFAULT_CLIENT_MAX_BODY_SIZE, ROUTER_ALLOWED_PATHS, serviceKey } from '../../spec/types.js';
 import { checkTrustedProxy } from './trusted-proxies.js';
 import { fileNameFor, limitKeyVariable, listenAddress, rateFor, serverAddress, upstreamName, zoneName } from './names.js';
 
@@ -70,6 +70,14 @@ export interface ViewOptions {
   trustedProxies?: readonly string[];
   /** The default server answers 200 on `GET /` (load-balancer health checks). Default false. */
   healthCheck?: boolean;
+  /**
+   * The public default server sends every request (but ACME challenges and the health check) to
+   * the data plane's shared socket, naming no service: the data plane relays those of a host it
+   * has a by-host route for, so a new service is served before the reload that brings its own
+   * site in, and answers the rest with this server's 404. Needs dataplaneSocket and
+   * defaultServer. Default false.
+   */
+  byHostDefault?: boolean;
 }
 
 export interface TlsView {
@@ -155,6 +163,8 @@ export interface GlobalView {
   healthCheck: boolean;
   /** The shared data-plane upstream (ViewOptions.dataplaneSocket), or null. */
   dataplane: { name: string; server: string } | null;
+  /** ViewOptions.byHostDefault: what the default server's relay to the data plane sets. */
+  byHost: { accessLogPath: string; clientMaxBodySize: number; proxyReadTimeoutSec: number; behindProxies: boolean } | null;
 }
 
 export interface Views {
@@ -274,6 +284,15 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       trustedProxies,
       healthCheck: opts.healthCheck ?? false,
       dataplane,
+      byHost:
+        opts.byHostDefault && dataplane && (opts.defaultServer ?? true)
+          ? {
+              accessLogPath: opts.accessLogPath,
+              clientMaxBodySize: DEFAULT_CLIENT_MAX_BODY_SIZE,
+              proxyReadTimeoutSec: opts.proxyReadTimeoutSec ?? DEFAULT_PROXY_READ_TIMEOUT_SEC,
+              behindProxies,
+            }
+          : null,
     },
     sites,
   };

@@ -18,7 +18,7 @@ import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import type { Algorithms } from 'ssh2';
-import { serviceKey, type ProxyState } from '../../spec/types.js';
+import { DEFAULT_CLIENT_MAX_BODY_SIZE, serviceKey, type ProxyState, type Service } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../../clock.js';
 import {
@@ -57,6 +57,12 @@ export interface SshLoopOptions {
    * per service. Default false: a socket per service.
    */
   sharedSocket?: boolean;
+  /**
+   * Keep by-host routes (Replicas.setHostRoute) for the services a default server that names no
+   * service may send to the shared socket: those whose site would do nothing but relay (see
+   * byHostEligible). Default false.
+   */
+  hostRoutes?: boolean;
   /** SSH keepalive: a ping every keepaliveIntervalMs, dead after keepaliveCountMax misses. Default 15_000 and 3. */
   keepaliveIntervalMs?: number;
   keepaliveCountMax?: number;
@@ -258,7 +264,13 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         const ready = statuses.loops[o.routedBy]?.conditions.find((c) => c.type === 'Ready');
         routedUpTo = ready?.status === 'True' ? (ready.observedGeneration ?? -1) : -1;
       }
-      return { ...desiredFromSpec(spec, o.appHost), generation: statuses.generation, routedUpTo, readTimeouts: readTimeoutsOf(spec) };
+      return {
+        ...desiredFromSpec(spec, o.appHost),
+        generation: statuses.generation,
+        routedUpTo,
+        readTimeouts: readTimeoutsOf(spec),
+        ...(o.hostRoutes ? { hosts: hostRoutesOf(spec) } : {}),
+      };
     },
 
     async observe(ctx: LoopContext): Promise<ObservedSsh> {
@@ -284,6 +296,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])),
         now: ctx.clock.now(),
         readTimeouts: new Map([...loop.replicas.serviceOptions()].flatMap(([k, v]) => (v.readTimeoutMs ? [[k, v.readTimeoutMs]] : []))),
+        hosts: new Map(loop.replicas.hostRoutes()),
       };
     },
 
@@ -320,6 +333,11 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       //    replicas in rotation; those of a retiring service stay until it closes.
       for (const action of actions) {
         const p = action.payload;
+        if (p.what === 'host') {
+          replicas.setHostRoute(p.serviceKey, p.host);
+          outcomes.set(action.key, 'done');
+          continue;
+        }
         if (p.what === 'options') {
           replicas.setServiceOptions(p.serviceKey, p.readTimeoutMs === null ? {} : { readTimeoutMs: p.readTimeoutMs });
           outcomes.set(action.key, 'done');
@@ -418,6 +436,32 @@ function openTcp(host: string, port: number, timeoutMs: number): Promise<Duplex>
 }
 
 /** The read timeouts (ms) the document sets per service; the others keep the data plane's default. */
+/**
+ * The services our default server may relay by Host before their own site is served: those
+ * whose site would add nothing to the relay — plain HTTP (no certificate to redirect to), no
+ * token to check, no rate limit, no router allowlist, no CORS (a model), the default body limit
+ * and read timeout (what the default server sets).
+ * Any other waits for its site, and its host answers 404 until then, as it did before.
+ */
+export function byHostEligible(s: Service): boolean {
+  return (
+    s.domain !== undefined &&
+    !s.https &&
+    !s.auth &&
+    s.rateLimits.length === 0 &&
+    s.routerAllowlist !== true &&
+    s.model?.format !== 'openai' &&
+    s.clientMaxBodySize === DEFAULT_CLIENT_MAX_BODY_SIZE &&
+    s.readTimeout === undefined
+  );
+}
+
+function hostRoutesOf(spec: ProxyState): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const s of spec.spec.services) if (byHostEligible(s)) out.set(serviceKey(s), s.domain!.toLowerCase());
+  return out;
+}
+
 function readTimeoutsOf(spec: ProxyState): Map<string, number> {
   const out = new Map<string, number>();
   for (const s of spec.spec.services) if (s.readTimeout !== undefined) out.set(serviceKey(s), s.readTimeout * 1000);

@@ -15,6 +15,8 @@ export interface ObservedSsh {
   now?: number;
   /** Read timeouts (ms) of the services that have their own, as the data plane has them. */
   readTimeouts?: ReadonlyMap<string, number>;
+  /** By-host routes (service → host), as the data plane has them. */
+  hosts?: ReadonlyMap<string, string>;
 }
 
 export interface Retiring {
@@ -34,6 +36,8 @@ export interface SshDesired extends DesiredSsh {
   routedUpTo: number;
   /** Read timeouts (ms) of the services that set one (`readTimeout`). */
   readTimeouts?: ReadonlyMap<string, number>;
+  /** The services our default server may send to by their Host (service → host). */
+  hosts?: ReadonlyMap<string, string>;
 }
 
 export type SshPayload =
@@ -41,7 +45,9 @@ export type SshPayload =
   | { what: 'close' | 'restore'; serviceKey: string }
   | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null }
   /** A service's own read timeout in the data plane; null: back to the default. */
-  | { what: 'options'; serviceKey: string; readTimeoutMs: number | null };
+  | { what: 'options'; serviceKey: string; readTimeoutMs: number | null }
+  /** A service's by-host route; null: none. */
+  | { what: 'host'; serviceKey: string; host: string | null };
 
 /**
  * The actions that close the gap: per service socket create/restore/delete/close, per
@@ -106,8 +112,41 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
     });
   }
   planReadTimeouts(desired, observed, actions);
+  planHosts(desired, observed, actions);
   return actions;
 }
+
+/**
+ * By-host routes: set where the document's differ from the data plane's, removed at once for a
+ * service that has none (gone, or no longer one our default server may serve): a request for a
+ * removed service's host then gets the unknown host's 404, as it would once its site is gone.
+ */
+function planHosts(desired: SshDesired, observed: ObservedSsh, actions: Action<SshPayload>[]): void {
+  const want = desired.hosts ?? NO_HOSTS;
+  const have = observed.hosts ?? NO_HOSTS;
+  if (want === have) return;
+  for (const [sk, host] of want) {
+    const cur = have.get(sk);
+    if (cur === host) continue;
+    actions.push({
+      key: `host:${sk}`,
+      kind: cur === undefined ? 'create' : 'update',
+      summary: `route requests for ${host} without a site of their own to ${sk}`,
+      payload: { what: 'host', serviceKey: sk, host },
+    });
+  }
+  for (const [sk, host] of have) {
+    if (want.has(sk)) continue;
+    actions.push({
+      key: `host:${sk}`,
+      kind: 'delete',
+      summary: `no route by host ${host} to ${sk}`,
+      payload: { what: 'host', serviceKey: sk, host: null },
+    });
+  }
+}
+
+const NO_HOSTS: ReadonlyMap<string, string> = new Map();
 
 const NONE: ReadonlyMap<string, number> = new Map();
 

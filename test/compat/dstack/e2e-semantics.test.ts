@@ -9,7 +9,7 @@
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { REDACTED } from '../../../src/spec/index.js';
-import { api, putState, type TestGateway } from '../../helpers/gateway.js';
+import { api, putState, siteServed, type TestGateway } from '../../helpers/gateway.js';
 import { eventually } from '../../helpers/nginx.js';
 import { freePort } from '../../helpers/ports.js';
 import { startSshd, type TestSshd } from '../../helpers/sshd.js';
@@ -163,6 +163,9 @@ describe('an unregistered replica', () => {
       const r = await server.registerReplica(PROJECT, 'pair', replicaOn(a, job));
       expect([r.status, r.json]).toEqual([200, ok]);
     }
+    // registerService answers before Nginx serves the new site: until the reload is through,
+    // workers of the previous config still take some connections (and answer 404).
+    await siteServed(t, domainOf('pair'));
     // Concurrent requests until both replicas answered: Nginx and the balancer now hold
     // keep-alive connections to each.
     await eventually(async () => {
@@ -178,7 +181,10 @@ describe('an unregistered replica', () => {
     for (let i = 0; i < 5; i++) {
       const replies = await Promise.all(Array.from({ length: 8 }, (_, j) => get('pair', `/after/${i}/${j}`)));
       const refused = replies.filter((x) => x.status !== 200).map((x) => `${x.status} ${x.body.slice(0, 300)}`);
-      expect(replies.map((x) => x.status), refused.join('\n')).toEqual(Array(8).fill(200));
+      expect(
+        replies.map((x) => x.status),
+        refused.join('\n'),
+      ).toEqual(Array(8).fill(200));
     }
     expect(first.seen.length).toBe(firstSeen);
     expect(second.seen.length).toBe(secondSeen + 40);
