@@ -4,7 +4,7 @@
 // "leave the connection alone" (a resync or an identical PUT touches nothing).
 
 import { createHash } from 'node:crypto';
-import type { HostKeyPolicy, ProxyState, Replica, SshHop, SshProxyHop } from '../../spec/types.js';
+import type { HostKeyPolicy, ProxyState, Replica, Service, SshHop, SshProxyHop } from '../../spec/types.js';
 import { DEFAULT_SSH_PORT, serviceKey } from '../../spec/types.js';
 import { privateKeyReader, type UsableKey } from '../../spec/keys.js';
 
@@ -50,15 +50,37 @@ export function desiredFromSpec(state: ProxyState, appHost = 'localhost'): Desir
   const services = new Set<string>();
   const replicas = new Map<string, DesiredReplica>();
   for (const s of state.spec.services) {
-    const sk = serviceKey(s);
-    services.add(sk);
-    for (const r of s.replicas) {
-      const { target, problem } = targetOf(r, keys.get(s.project), appHost, readKey);
-      replicas.set(r.id, { id: r.id, serviceKey: sk, target, problem, fingerprint: fingerprintOf(sk, target) });
+    const projectKey = keys.get(s.project);
+    let memo = perService.get(s);
+    if (memo === undefined || memo.projectKey !== projectKey || memo.appHost !== appHost) {
+      const sk = serviceKey(s);
+      memo = {
+        projectKey,
+        appHost,
+        serviceKey: sk,
+        replicas: s.replicas.map((r) => {
+          const { target, problem } = targetOf(r, projectKey, appHost, readKey);
+          return { id: r.id, serviceKey: sk, target, problem, fingerprint: fingerprintOf(sk, target) };
+        }),
+      };
+      perService.set(s, memo);
     }
+    services.add(memo.serviceKey);
+    for (const r of memo.replicas) replicas.set(r.id, r);
   }
   return { services, replicas };
 }
+
+/**
+ * A service's replicas as desiredFromSpec built them, per service object: a normalised service
+ * is never changed in place (an update is a new object, the untouched ones are shared between
+ * generations), so a pass re-reads keys and hashes targets only for the services that changed.
+ * The project key and appHost are the other inputs, checked on every use.
+ */
+const perService = new WeakMap<
+  Service,
+  { projectKey: string | undefined; appHost: string; serviceKey: string; replicas: DesiredReplica[] }
+>();
 
 function targetOf(
   r: Replica,

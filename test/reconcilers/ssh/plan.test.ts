@@ -45,6 +45,17 @@ describe('desiredFromSpec', () => {
     expect(fp(specOf(KEY, { other: [{ id: 'r1', appPort: 8000, ssh }] }))).not.toBe(base);
   });
 
+  it('reuses the replicas of an unchanged service object, and builds them again when its project key changes', () => {
+    const spec = specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] });
+    const first = desiredFromSpec(spec).replicas.get('r1')!;
+    expect(desiredFromSpec(spec).replicas.get('r1')).toBe(first);
+    const rekeyed = { ...spec, spec: { ...spec.spec, projects: spec.spec.projects.map((p) => ({ ...p, sshPrivateKey: KEY + 'x' })) } };
+    const again = desiredFromSpec(rekeyed).replicas.get('r1')!;
+    expect(again).not.toBe(first);
+    expect(again.fingerprint).not.toBe(first.fingerprint);
+    expect(desiredFromSpec(spec, 'other-host').replicas.get('r1')!.fingerprint).not.toBe(first.fingerprint);
+  });
+
   it('reports a replica without a usable key as a problem', () => {
     const d = desiredFromSpec(specOf('', { app: [{ id: 'r1', appPort: 8000, ssh }] }));
     expect(d.replicas.get('r1')!.problem).toMatch(/no private key/);
