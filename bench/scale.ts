@@ -421,7 +421,8 @@ async function convergeRows(dir: string, backendPort: number, gateways: ChildGat
     baseline: { name: 'dstack, per service (100 in 34 s)', value: PEER_PER_SERVICE_MS, measured: 'published' },
     note:
       `runs ${adds.map((a) => (a / 1000).toFixed(2)).join(' ')} s; the PUT of the whole document itself ${addPuts.map((a) => a.toFixed(0)).join(' ')} ms; ` +
-      `the rest is one Nginx reload, which parses every site: dstack's figure is the mean at 100 services, not at ${CONVERGE_SERVICES.toLocaleString('en-US')}`,
+      `the rest is the passes that give the data plane its host route and replica tunnel (the default server relays the host before the reload that brings its site in); ` +
+      `dstack's figure is the mean at 100 services, not at ${CONVERGE_SERVICES.toLocaleString('en-US')}`,
   });
   rows.push({
     id: 'P3xc',
