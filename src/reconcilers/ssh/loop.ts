@@ -18,7 +18,7 @@ import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import type { Algorithms } from 'ssh2';
-import { DEFAULT_CLIENT_MAX_BODY_SIZE, serviceKey, type ProxyState, type Service } from '../../spec/types.js';
+import { serviceKey, type ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../../clock.js';
 import {
@@ -34,6 +34,7 @@ import {
 } from '../types.js';
 import { Balancer, Replicas, type ReplicasOptions, type Upstream } from '../../dataplane/index.js';
 import { HostKeyBook } from './host-keys.js';
+import { hostRoutesOf } from './host-routes.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
 import { replicaLoadStatus, sshMetricFamilies, type ReplicaLoadStatus } from './metrics.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
@@ -436,32 +437,6 @@ function openTcp(host: string, port: number, timeoutMs: number): Promise<Duplex>
 }
 
 /** The read timeouts (ms) the document sets per service; the others keep the data plane's default. */
-/**
- * The services our default server may relay by Host before their own site is served: those
- * whose site would add nothing to the relay — plain HTTP (no certificate to redirect to), no
- * token to check, no rate limit, no router allowlist, no CORS (a model), the default body limit
- * and read timeout (what the default server sets).
- * Any other waits for its site, and its host answers 404 until then, as it did before.
- */
-export function byHostEligible(s: Service): boolean {
-  return (
-    s.domain !== undefined &&
-    !s.https &&
-    !s.auth &&
-    s.rateLimits.length === 0 &&
-    s.routerAllowlist !== true &&
-    s.model?.format !== 'openai' &&
-    s.clientMaxBodySize === DEFAULT_CLIENT_MAX_BODY_SIZE &&
-    s.readTimeout === undefined
-  );
-}
-
-function hostRoutesOf(spec: ProxyState): Map<string, string> {
-  const out = new Map<string, string>();
-  for (const s of spec.spec.services) if (byHostEligible(s)) out.set(serviceKey(s), s.domain!.toLowerCase());
-  return out;
-}
-
 function readTimeoutsOf(spec: ProxyState): Map<string, number> {
   const out = new Map<string, number>();
   for (const s of spec.spec.services) if (s.readTimeout !== undefined) out.set(serviceKey(s), s.readTimeout * 1000);
