@@ -18,7 +18,9 @@
 // - On the shared socket (serviceKey null) each request names its service in SERVICE_HEADER,
 //   which Nginx sets and the replica never sees; on a service's own socket the socket names it.
 //   Our default server names none (BY_HOST): the request's Host picks the service by its
-//   by-host route, and a host without one is sent back to Nginx's 404 (X-Accel-Redirect).
+//   by-host route, and a host without one is sent back to Nginx's 404 (X-Accel-Redirect). So
+//   is a request of a site Nginx still has for a service that has left the document (its host
+//   now unknown): a removal takes effect at once, not at the reload that drops the site.
 
 import type { Socket } from 'node:net';
 import { Readable } from 'node:stream';
@@ -134,6 +136,11 @@ export class RelayConnection {
         service = this.replicas.serviceForHost(hostOf(head.rawHeaders)) ?? null;
         if (service === null) return this.#unknownHost(head);
       }
+    }
+    if (this.replicas.hasLeft(service)) {
+      // A site Nginx has not dropped yet names a service that has left the document.
+      service = this.replicas.successorOf(service, hostOf(head.rawHeaders));
+      if (service === null) return this.#unknownHost(head);
     }
     if (head.upgrade) return this.#pin(service, head);
     this.stats.requests++;

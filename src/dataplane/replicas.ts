@@ -91,6 +91,8 @@ export class Replicas {
   /** By-host routes: host → service, and each routed service's host. */
   readonly #hostService = new Map<string, string>();
   readonly #serviceHost = new Map<string, string>();
+  /** Services that left the document while a site may still name them: the hosts still claimed then. */
+  readonly #left = new Map<string, ReadonlySet<string>>();
   readonly logger: Logger | undefined;
 
   constructor(o: ReplicasOptions = {}) {
@@ -157,6 +159,35 @@ export class Replicas {
   /** The service routed by `host` (lower case, no port). */
   serviceForHost(host: string): string | undefined {
     return this.#hostService.get(host);
+  }
+
+  /**
+   * The service left the document, but a site Nginx has not dropped yet may still name it.
+   * `claimed`: the hosts the document still has (a service whose own site is on its way). See
+   * successorOf(). Its replicas stay in rotation for the requests in flight and for claimed hosts.
+   */
+  setLeft(serviceKey: string, claimed: ReadonlySet<string>): void {
+    this.#left.set(serviceKey, claimed);
+  }
+
+  /** Back in the document, or gone for good (its socket and replicas closed). */
+  clearLeft(serviceKey: string): void {
+    this.#left.delete(serviceKey);
+  }
+
+  /** Whether the service left the document (setLeft) and its sockets still serve. */
+  hasLeft(serviceKey: string): boolean {
+    return this.#left.size !== 0 && this.#left.has(serviceKey);
+  }
+
+  /**
+   * Whom a request for a service that left (hasLeft) is for, by its host: the service routed by
+   * that host, if any (a rename that kept the domain); else the service itself while another
+   * service claims the host (its own site is not served yet); else null: the host has no
+   * service any more, and is answered as an unknown host at once rather than at the next reload.
+   */
+  successorOf(serviceKey: string, host: string): string | null {
+    return this.#hostService.get(host) ?? (this.#left.get(serviceKey)?.has(host) ? serviceKey : null);
   }
 
   /** Every by-host route, by service. */

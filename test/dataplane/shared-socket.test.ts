@@ -176,6 +176,33 @@ describe('the shared data-plane socket', () => {
     expect(raw).toEqual(['Host', 'svc', 'Upgrade', 'websocket', 'Connection', 'Upgrade']);
   });
 
+  it('answers a service that left the document as the document says now, by the host', async () => {
+    const on = (host: string, service: string): string => `GET /left HTTP/1.1\r\nHost: ${host}\r\n${SERVICE_HEADER}: ${service}\r\n\r\n`;
+    try {
+      // p/a left; p/b now has its host by-host (a rename), and the document still claims `kept`.
+      replicas.setLeft('p/a', new Set(['kept.test', 'renamed.test']));
+      replicas.setHostRoute('p/b', 'renamed.test');
+      const r = await exchange(
+        sock,
+        on('unclaimed.test', 'p/a') + on('Renamed.test:80', 'p/a') + on('kept.test', 'p/a') + get('/b', 'p/b'),
+        4,
+      );
+      expect(r.closed).toBe(false);
+      const heads = r.text.match(/HTTP\/1\.1 \d{3}[^\r]*/g);
+      expect(heads).toEqual(['HTTP/1.1 404 Not Found', 'HTTP/1.1 200 OK', 'HTTP/1.1 200 OK', 'HTTP/1.1 200 OK']);
+      // The unclaimed host goes back to Nginx's own 404, nothing of it relayed.
+      expect(r.text.slice(0, r.text.indexOf('\r\n\r\n'))).toContain('X-Accel-Redirect: @dstack_unknown_host');
+      expect((bodies(r.text.slice(r.text.indexOf('\r\n\r\n') + 4)) as { name: string }[]).map((g) => g.name)).toEqual(['b', 'a', 'b']);
+      // Back in the document: its own again.
+      replicas.clearLeft('p/a');
+      const back = await exchange(sock, on('unclaimed.test', 'p/a'), 1);
+      expect((bodies(back.text)[0] as { name: string }).name).toBe('a');
+    } finally {
+      replicas.clearLeft('p/a');
+      replicas.setHostRoute('p/b', null);
+    }
+  });
+
   it('stops serving a service it unlistens, the socket staying for the others', async () => {
     await balancer.unlisten('p/none');
     expect(balancer.listening().sort()).toEqual(['p/a', 'p/b']);

@@ -1,7 +1,8 @@
 // Removing a service on a running gateway (real Nginx, direct replicas on 127.0.0.1) with a
 // long drain period: Nginx holds pooled keep-alive connections to the data plane's shared
 // socket, yet the removal and a service added in the next PUT take effect at once, and the
-// removed service never answers 502/503 (its replicas stay dispatchable until its site is gone).
+// removed service never answers 502/503 (its replicas stay for requests in flight until its
+// site is gone).
 
 import { existsSync, readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
@@ -76,7 +77,7 @@ describe('a removal never stalls the gateway', () => {
     console.log(`[removal] b answered ${bMs} ms after the PUT removing a (drain period ${DRAIN_S} s)`);
   }, 120_000);
 
-  it('a removed service answers until its site is gone, never 502/503: its replicas outlive its site', async () => {
+  it('a service being removed answers 200 or 404, never 502/503: its replicas outlive its site', async () => {
     await put(['b', 'c', 'd']);
     await warm('d.gw.test');
     const failuresBefore = connectFailures(errorLog());

@@ -344,6 +344,7 @@ function renderServiceSite(v: ServiceSiteView): string {
     ...locations(v, { auth: v.authUrl !== null }),
     '',
     ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: false })),
+    ...leftLocation(v),
   );
   l.push(...block('server', body));
   if (v.listenInternal) l.push('', ...internalServer(v, v.listenInternal));
@@ -381,6 +382,16 @@ function locations(v: ServiceSiteView, o: { auth: boolean }): Lines {
     );
   }
   return out;
+}
+
+/**
+ * Once the service has left the document, the data plane answers what this site still sends it
+ * (until the reload that drops the site) as the default server answers an unknown host: this
+ * internal redirect to Nginx's own 404, which counts nothing in the access log.
+ */
+function leftLocation(v: ServiceSiteView): Lines {
+  if (!v.upstream || !('shared' in v.upstream)) return [];
+  return ['', ...block(`location ${UNKNOWN_HOST_LOCATION}`, ['access_log off;', 'return 404;'])];
 }
 
 /** What a path outside the router allowlist gets: dstack's in-server proxy's words. */
@@ -435,6 +446,7 @@ function internalServer(v: ServiceSiteView, listen: string): Lines {
     ...locations(v, { auth: false }),
     '',
     ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: true })),
+    ...leftLocation(v),
   ];
   return ["# the same service for the gateway's own model API (internal listener)", ...block('server', body)];
 }

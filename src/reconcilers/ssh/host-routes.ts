@@ -1,5 +1,5 @@
 // Which services the data plane routes by Host, for requests our default server relays before
-// a service's own site is served.
+// a service's own site is served, and which hosts the document has at all.
 
 import { DEFAULT_CLIENT_MAX_BODY_SIZE, serviceKey, type ProxyState, type Service } from '../../spec/types.js';
 
@@ -27,5 +27,19 @@ export function byHostEligible(s: Service): boolean {
 export function hostRoutesOf(spec: ProxyState): Map<string, string> {
   const out = new Map<string, string>();
   for (const s of spec.spec.services) if (byHostEligible(s)) out.set(serviceKey(s), s.domain!.toLowerCase());
+  return out;
+}
+
+const domainSets = new WeakMap<readonly Service[], ReadonlySet<string>>();
+
+/** Every service's domain in lower case, once per services list (a document that changed builds a new list). */
+export function domainsOf(spec: ProxyState): ReadonlySet<string> {
+  const services = spec.spec.services;
+  let out = domainSets.get(services);
+  if (out === undefined) {
+    const set = new Set<string>();
+    for (const s of services) if (s.domain !== undefined) set.add(s.domain.toLowerCase());
+    domainSets.set(services, (out = set));
+  }
   return out;
 }

@@ -12,7 +12,10 @@
 // that routes to them (Nginx, `routedBy`) has finished a Ready pass without it, so no request
 // ever reaches a closed socket, nor (shared socket) a service whose replicas have left; then
 // they close, and open connections drain in the background for at most `drainMs`. No pass ever
-// waits for a drain, so a removal never delays the next change.
+// waits for a drain, so a removal never delays the next change. With `hostRoutes`, what a
+// retired service's site still sends is answered as the document says from the pass that
+// retired it: its host's new service, or an unknown host's 404 (Replicas.setLeft), so a removal
+// is served without waiting for the reload that drops its site.
 
 import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
@@ -34,7 +37,7 @@ import {
 } from '../types.js';
 import { Balancer, Replicas, type ReplicasOptions, type Upstream } from '../../dataplane/index.js';
 import { HostKeyBook } from './host-keys.js';
-import { hostRoutesOf } from './host-routes.js';
+import { domainsOf, hostRoutesOf } from './host-routes.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
 import { replicaLoadStatus, sshMetricFamilies, type ReplicaLoadStatus } from './metrics.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
@@ -239,6 +242,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const closeService = async (sk: string, ctx: LoopContext): Promise<void> => {
     const r = retiring.get(sk);
     retiring.delete(sk);
+    replicas.clearLeft(sk);
     for (const id of r?.replicas ?? []) {
       if (held.get(id)?.desired.serviceKey !== sk) continue; // reused by another service meanwhile
       dropReplica(id, sk);
@@ -270,7 +274,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         generation: statuses.generation,
         routedUpTo,
         readTimeouts: readTimeoutsOf(spec),
-        ...(o.hostRoutes ? { hosts: hostRoutesOf(spec) } : {}),
+        ...(o.hostRoutes ? { hosts: hostRoutesOf(spec), domains: domainsOf(spec) } : {}),
       };
     },
 
@@ -316,10 +320,13 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         const p = action.payload;
         if (p.what === 'restore') {
           retiring.delete(p.serviceKey);
+          replicas.clearLeft(p.serviceKey);
           outcomes.set(action.key, 'done');
         } else if (p.what === 'service' && action.kind === 'delete' && o.routedBy) {
-          const replicas = new Set([...held].filter(([, h]) => h.desired.serviceKey === p.serviceKey).map(([id]) => id));
-          retiring.set(p.serviceKey, { since: ctx.generation, at: now, caughtUpAt: null, replicas });
+          const ids = new Set([...held].filter(([, h]) => h.desired.serviceKey === p.serviceKey).map(([id]) => id));
+          retiring.set(p.serviceKey, { since: ctx.generation, at: now, caughtUpAt: null, replicas: ids });
+          // Its requests from the site Nginx still has are answered as the document says now.
+          if (p.claimed) replicas.setLeft(p.serviceKey, p.claimed);
           // Come back when the drain period is over even if the router never catches up.
           outcomes.set(action.key, { requeueAfterMs: drainMs });
         } else if (p.what === 'close') {

@@ -38,10 +38,17 @@ export interface SshDesired extends DesiredSsh {
   readTimeouts?: ReadonlyMap<string, number>;
   /** The services our default server may send to by their Host (service → host). */
   hosts?: ReadonlyMap<string, string>;
+  /**
+   * Every service's domain in lower case. With it, a removed service's requests (from a site
+   * Nginx still has) are answered as an unknown host's at once, unless a service here claims
+   * their host (Replicas.setLeft).
+   */
+  domains?: ReadonlySet<string>;
 }
 
 export type SshPayload =
-  | { what: 'service'; serviceKey: string }
+  /** `claimed` (a removal): the hosts the document still has, see SshDesired.domains. */
+  | { what: 'service'; serviceKey: string; claimed?: ReadonlySet<string> }
   | { what: 'close' | 'restore'; serviceKey: string }
   | { what: 'replica'; replica: DesiredReplica | null; previous: { serviceKey: string } | null }
   /** A service's own read timeout in the data plane; null: back to the default. */
@@ -80,7 +87,7 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
         key: `service:${sk}`,
         kind: 'delete',
         summary: `close the socket of ${sk}`,
-        payload: { what: 'service', serviceKey: sk },
+        payload: { what: 'service', serviceKey: sk, ...(desired.domains ? { claimed: desired.domains } : {}) },
       });
     else if (desired.routedUpTo >= r.since || (observed.now ?? 0) - r.at >= drainMs) {
       actions.push({

@@ -146,6 +146,24 @@ describe('plan with a router (the gateway: Nginx routes to the sockets)', () => 
   });
 });
 
+describe('plan with by-host routes (the gateway)', () => {
+  const loop = createSshLoop({ stateDir: '/nonexistent', routedBy: 'nginx', sharedSocket: true, hostRoutes: true });
+
+  it('retires a removed service with the hosts the document still has, once per document', () => {
+    const spec = specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] });
+    spec.spec.services[0]!.domain = 'App.GW.test';
+    const d = loop.desired(spec, none);
+    expect(d.domains).toBe(loop.desired(spec, none).domains); // the same services list: not built again
+    const [retire] = loop
+      .plan(d, { services: new Set(['main/app', 'main/gone']), replicas: new Map() })
+      .filter((a) => a.key === 'service:main/gone');
+    expect(retire?.kind).toBe('delete');
+    const claimed = (retire?.payload as { claimed?: ReadonlySet<string> }).claimed;
+    expect(claimed).toBe(d.domains);
+    expect([...claimed!]).toEqual(['app.gw.test']);
+  });
+});
+
 describe('host keys', () => {
   const k1 = Buffer.from('key-one');
   const k2 = Buffer.from('key-two');
