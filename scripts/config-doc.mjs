@@ -33,9 +33,13 @@ Regenerate with \`npm run build && node scripts/config-doc.mjs\`.
 ${table(OPTION_SPECS)}
 ## \`dstack-proxy server-proxy\`
 
-The management routes (\`/api/v1/state\`, \`/api/v1/status\`, \`/metrics\`, \`/api/stats/collect\`) are served on
-\`--host:--port\` unless \`--api-port\` moves them to a listener of their own; without
-\`--api-token-file\` they are refused on a non-loopback address (\`DP_ERR_OPEN_API\`) unless
+The management routes (\`/api/v1/state\`, \`/api/v1/status\`, \`/metrics\`, \`/api/stats/collect\`) are
+served on \`--host:--port\` only with \`--api-token-file\` (they then ask for the token) or
+\`--insecure-open-api\`: the proxy's listener carries proxied requests, and a load balancer or TLS
+terminator on the same host makes every one of them come from loopback. Without either they are
+off there (403 \`DP_ERR_MANAGEMENT_OFF\`, and a warning at start naming the ways to turn them on).
+\`--api-port\` moves them to a listener of their own, loopback unless \`--api-host\` says otherwise;
+a non-loopback \`--api-host\` without a token is refused (\`DP_ERR_OPEN_API\`) unless
 \`--insecure-open-api\` is given.
 
 ${table(SERVER_PROXY_OPTION_SPECS)}`;

@@ -35,6 +35,13 @@ export interface AppOptions {
   liveStatus?: () => Record<string, Readonly<Record<string, Readonly<Record<string, unknown>>>>>;
   /** More routes (auth, stats, metrics, models): each registers itself on the app. */
   routes?: RouteModule[];
+  /**
+   * Requests this host's Nginx proxies to the API carry `header` (the gateway's entrypoint sites
+   * send their key): such a request reaches the routes under `prefix` only (the model API) and
+   * gets 403 anywhere else, whatever its path says once Nginx has rewritten it. Management,
+   * stats and the dstack routes never answer a request that came from the internet.
+   */
+  proxied?: { header: string; prefix: string };
 }
 
 /** The loops' statuses with the live fields added to the objects they name (copies; the snapshot is left as it is). */
@@ -70,6 +77,16 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     if (hasDuplicateHost(request.raw.rawHeaders)) return reply.code(400).send(new ProxyError('DP_ERR_DUPLICATE_HOST').toJSON());
     return undefined;
   });
+  const proxied = options.proxied;
+  if (proxied !== undefined) {
+    const header = proxied.header.toLowerCase();
+    app.addHook('onRequest', async (request, reply) => {
+      if (request.headers[header] === undefined || request.routeOptions.url?.startsWith(proxied.prefix)) return undefined;
+      return reply
+        .code(403)
+        .send(new ProxyError('DP_ERR_FORBIDDEN', 'this route does not answer requests proxied from the sites').toJSON());
+    });
+  }
   const guard = tokenGuard(options.apiToken);
 
   if (options.management !== false) await app.register(stateRoutes, { runtime, guard });

@@ -18,8 +18,11 @@ SSH tunnels (or direct addresses) opened in this process. PUT the document to /a
 PostgreSQL serve the same document.
 
 The management routes (/api/v1/state, /api/v1/status, /metrics, /api/stats/collect) rewrite or reveal all
-routing: without --api-token-file they are served on a loopback address only. To serve the proxy
-on the network, give --api-token-file, or move management to a loopback --api-port.
+routing. The proxy's listener serves them only with --api-token-file (they then ask for the token):
+a load balancer or TLS terminator on this host makes every proxied request look local, so a
+loopback address proves nothing. Without a token they are off there (403 DP_ERR_MANAGEMENT_OFF);
+--api-port PORT serves them on a loopback listener of their own, and --insecure-open-api open on
+the proxy's listener (only with nothing in front of it).
 
 Options come from defaults < --config FILE (YAML, camelCase keys) < env DSTACK_PROXY_* < flags.
 
@@ -39,7 +42,12 @@ Stops gracefully on SIGINT/SIGTERM. See docs/configuration.md.`,
       throw err;
     }
     const proxy = await startServerProxy(options);
-    const api = proxy.apiUrl === proxy.url ? '' : `, management API on ${proxy.apiUrl}`;
+    const api =
+      proxy.apiUrl === undefined
+        ? ', management API off (no --api-token-file, --api-port or --insecure-open-api)'
+        : proxy.apiUrl === proxy.url
+          ? ''
+          : `, management API on ${proxy.apiUrl}`;
     // Handlers first, then the line saying we are up: whoever signals on reading it reaches them.
     const stopped = runUntilSignal('server-proxy', proxy, io.stderr);
     io.stderr(`dstack-proxy server-proxy: listening on ${proxy.url}${api} (generation ${proxy.current().generation})\n`);

@@ -12,7 +12,7 @@ import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.
 import { accessLogPath, prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
 import type { GatewayOptions } from '../gateway/options.js';
 import { gatewayRoutes } from '../gateway/routes.js';
-import { fileFirstSeenStore, observeModels } from '../models/index.js';
+import { ENTRYPOINT_KEY_HEADER, fileFirstSeenStore, observeModels } from '../models/index.js';
 import type { Controller } from '../reconcilers/controller.js';
 import { NGINX_LOOP, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
@@ -86,7 +86,9 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     async listeners(d) {
       d.defer(() => stats.stop());
       const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen });
-      return [{ host: options.apiHost, port: options.apiPort, app: { ...(apiToken ? { apiToken } : {}), routes } }];
+      // The entrypoint sites proxy the model API to this listener: what they bring reaches nothing else.
+      const proxied = { header: ENTRYPOINT_KEY_HEADER, prefix: '/api/models/' };
+      return [{ host: options.apiHost, port: options.apiPort, app: { ...(apiToken ? { apiToken } : {}), routes, proxied } }];
     },
     async beforeListen() {
       stats.start();

@@ -27,7 +27,7 @@ export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpe
   host: {
     kind: 'string',
     default: '127.0.0.1',
-    help: "address of the proxy's listener (`/proxy/services/`, `/proxy/models/`, `/healthz`, `/readyz`, and the management routes unless --api-port moves them)",
+    help: "address of the proxy's listener (`/proxy/services/`, `/proxy/models/`, `/healthz`, `/readyz`, and the management routes with --api-token-file or --insecure-open-api)",
   },
   port: { kind: 'port', default: 8080, help: 'its port, 0 for any' },
   serverUrl: {
@@ -43,7 +43,7 @@ export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpe
   apiTokenFile: {
     kind: 'string',
     default: undefined,
-    help: 'file holding a token (at least 16 characters) that /api/v1/state, /api/v1/status, /metrics and /api/stats/collect require as `Authorization: Bearer`',
+    help: "file holding a token (at least 16 characters) that /api/v1/state, /api/v1/status, /metrics and /api/stats/collect require as `Authorization: Bearer`; without it (and without --api-port) they are off on the proxy's listener",
   },
   apiPort: {
     kind: 'port',
@@ -54,7 +54,7 @@ export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpe
   insecureOpenApi: {
     kind: 'switch',
     default: false,
-    help: 'allow the management routes without --api-token-file on a non-loopback address; without it such a start is refused with DP_ERR_OPEN_API',
+    help: "serve the management routes without --api-token-file: on the proxy's listener (any address), or on a non-loopback --api-host (only with nothing proxying to it, behind a firewall you trust); without it they are off on the proxy's listener, and a non-loopback --api-host is refused with DP_ERR_OPEN_API",
   },
   connectTimeout: { kind: 'seconds', default: 10, help: 'seconds to open a connection to a replica, then 504' },
   readTimeout: {

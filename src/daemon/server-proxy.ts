@@ -4,10 +4,13 @@
 // /proxy/models, /api/stats/collect, /api/v1/status, /healthz and /readyz. Several processes
 // on one PostgreSQL serve the same document: a commit through any of them reaches all within 1 s.
 //
-// The management routes (state, status, stats) rewrite or reveal all routing. They are served
-// either on the proxy's listener or, with `apiPort`, on a listener of their own (loopback by
-// default) — and without an API token only on a loopback address: start refuses otherwise
-// unless `insecureOpenApi` says so.
+// The management routes (state, status, stats, metrics) rewrite or reveal all routing. The
+// proxy's listener carries proxied requests, and the TLS terminator or load balancer normally in
+// front of it on the same host makes every one of them arrive from loopback: a loopback address
+// says nothing about who is calling. So that listener serves management only behind the API
+// token, or when `insecureOpenApi` opens it explicitly; otherwise management is on a listener of
+// its own (`apiPort`, loopback by default, which nothing proxied reaches) or off, and the proxy's
+// listener answers those routes 403 DP_ERR_MANAGEMENT_OFF naming the ways to turn it on.
 
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -53,7 +56,10 @@ export interface ServerProxyServerOptions {
   apiPort?: number;
   /** With apiPort: its address. Default 127.0.0.1. */
   apiHost?: string;
-  /** Allow management routes without a token on a non-loopback address (a firewall you trust). */
+  /**
+   * Serve the management routes without a token on the proxy's listener (any address), or on a
+   * non-loopback apiHost: only behind a firewall you trust, with nothing proxying to it.
+   */
   insecureOpenApi?: boolean;
   /** Default 10 s. */
   connectTimeoutMs?: number;
@@ -87,10 +93,10 @@ export interface RunningServerProxy {
   app: FastifyInstance;
   /** http://host:port */
   url: string;
-  /** The management app: `app` itself, or the one on apiPort. */
-  apiApp: FastifyInstance;
-  /** http://host:port of the management routes: `url`, or the apiPort listener's. */
-  apiUrl: string;
+  /** The management app: `app` itself, the one on apiPort, or undefined when management is off. */
+  apiApp: FastifyInstance | undefined;
+  /** http://host:port of the management routes: `url`, the apiPort listener's, or undefined when they are off. */
+  apiUrl: string | undefined;
   store: WatchedStateStore;
   controller: Controller;
   ssh: SshLoop;
@@ -105,6 +111,7 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
   const clock = deps.clock ? { clock: deps.clock } : {};
   const [host, port, separate] = [o.host ?? '127.0.0.1', o.port ?? 8080, o.apiPort !== undefined];
   const apiHost = separate ? (o.apiHost ?? '127.0.0.1') : host;
+  const management = managementPlace(o);
   let apiToken: string | undefined;
   let ssh!: SshLoop;
   let stateDir = o.stateDir ? resolve(o.stateDir) : undefined;
@@ -117,6 +124,17 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
       if (o.apiHost !== undefined && !separate)
         throw new ProxyError('DP_ERR_BAD_OPTION', '--api-host needs --api-port (management on its own listener)');
       apiToken = o.apiTokenFile ? await readApiToken(o.apiTokenFile, logger) : undefined;
+      if (management === 'off') {
+        logger.warn({ url: `http://${host}:${port}` }, MANAGEMENT_OFF_LOG);
+        return;
+      }
+      if (management === 'proxy-listener' && apiToken === undefined) {
+        logger.warn(
+          { host, port },
+          "the management routes are open without a token on the proxy's listener (--insecure-open-api): " +
+            'whatever proxies to it (a load balancer or TLS terminator) lets anyone rewrite all routing',
+        );
+      }
       await checkManagementExposure(
         {
           what: 'the management API (/api/v1/state, /api/v1/status, /metrics, /api/stats/collect)',
@@ -198,8 +216,9 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
         async (a, guard) => a.register(metricsRoutes, { metrics, guard }),
       ];
       const token = apiToken ? { apiToken } : {};
-      // One app for everything, or the proxy's app without management plus a management app.
-      if (!separate) return [{ host, port, app: { ...token, routes: [...proxyRoutes, ...managementRoutes] } }];
+      // One app for everything, the proxy's app without management, or that plus a management app.
+      if (management === 'proxy-listener') return [{ host, port, app: { ...token, routes: [...proxyRoutes, ...managementRoutes] } }];
+      if (management === 'off') return [{ host, port, app: { management: false, routes: [...proxyRoutes, managementOff] } }];
       return [
         { host, port, app: { ...token, management: false, routes: proxyRoutes } },
         { host: apiHost, port: o.apiPort!, app: { ...token, routes: managementRoutes } },
@@ -208,10 +227,42 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
     // Tunnels opening: /readyz says so until the first pass is done.
     readyWhen: 'done',
     ready: (d, [url, apiUrl = url]) =>
-      logger.info({ url, apiUrl, db: redactStoreUrl(o.db), generation: d.current().generation }, 'server proxy listening'),
+      logger.info(
+        { url, apiUrl: management === 'off' ? 'off' : apiUrl, db: redactStoreUrl(o.db), generation: d.current().generation },
+        'server proxy listening',
+      ),
   });
-  const [app, apiApp = app] = daemon.apps as [FastifyInstance, FastifyInstance?];
-  const [url, apiUrl = url] = daemon.urls as [string, string?];
+  const [app, second] = daemon.apps as [FastifyInstance, FastifyInstance?];
+  const [url, secondUrl] = daemon.urls as [string, string?];
+  const on = management === 'off' ? undefined : { apiApp: second ?? app, apiUrl: secondUrl ?? url };
   const { store, controller, current, close } = daemon;
-  return { app, url, apiApp, apiUrl, store, controller, ssh, proxy: proxy!, current, close };
+  return { app, url, apiApp: on?.apiApp, apiUrl: on?.apiUrl, store, controller, ssh, proxy: proxy!, current, close };
 }
+
+/**
+ * Where the management routes go: a listener of their own with apiPort; the proxy's listener
+ * only behind the token or when opened explicitly; otherwise nowhere.
+ */
+function managementPlace(o: ServerProxyServerOptions): 'own-listener' | 'proxy-listener' | 'off' {
+  if (o.apiPort !== undefined) return 'own-listener';
+  return o.apiTokenFile !== undefined || o.insecureOpenApi === true ? 'proxy-listener' : 'off';
+}
+
+const MANAGEMENT_WAYS =
+  'give --api-token-file FILE (the routes then ask for it), or --api-port PORT (a loopback listener of their own, ' +
+  'which nothing proxied reaches), or --insecure-open-api to serve them open on this listener';
+
+const MANAGEMENT_OFF_LOG =
+  "the management routes (/api/v1/state, /api/v1/status, /metrics, /api/stats/collect) are off on the proxy's listener: " +
+  `a load balancer on this host would make anyone look local. To serve them, ${MANAGEMENT_WAYS}`;
+
+/** The proxy's listener with management off: those routes say so, and how to turn them on. */
+const managementOff: RouteModule = async (app) => {
+  const refuse = async (): Promise<never> => {
+    throw new ProxyError('DP_ERR_MANAGEMENT_OFF', `management is off on this listener; to serve it, ${MANAGEMENT_WAYS}`);
+  };
+  for (const url of ['/api/v1/state', '/api/v1/status', '/metrics', '/api/stats/collect']) {
+    // Refused on arrival: a PUT's body is not read.
+    app.route({ method: url === '/api/v1/state' ? ['GET', 'PUT'] : 'GET', url, onRequest: refuse, handler: refuse });
+  }
+};

@@ -19,7 +19,7 @@ let proxy: RunningServerProxy;
 const t = tmpDir('dp-dupkeys-');
 beforeAll(async () => {
   proxy = await startServerProxy(
-    { db: `sqlite:${t.dir}/proxy.db`, port: 0, stateDir: `${t.dir}/state` },
+    { db: `sqlite:${t.dir}/proxy.db`, port: 0, apiPort: 0, stateDir: `${t.dir}/state` },
     { logger: pino({ level: 'silent' }) },
   );
 });
@@ -29,7 +29,7 @@ afterAll(async () => {
 });
 
 it('PUT of JSON with a repeated key → 400 with the path, and nothing stored', async () => {
-  const r = await send(`${proxy.url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: DOC });
+  const r = await send(`${proxy.apiUrl!}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body: DOC });
   expect(r.status).toBe(400);
   expect(r.json()).toMatchObject({
     code: 'DP_ERR_MALFORMED_DOCUMENT',
@@ -37,7 +37,7 @@ it('PUT of JSON with a repeated key → 400 with the path, and nothing stored', 
   });
   expect(proxy.current().generation).toBe(0);
   // The same text without the repeat is fine.
-  const ok = await send(`${proxy.url}/api/v1/state`, {
+  const ok = await send(`${proxy.apiUrl!}/api/v1/state`, {
     method: 'PUT',
     headers: { 'content-type': 'application/json' },
     body: DOC.replace(',"auth":false', ''),

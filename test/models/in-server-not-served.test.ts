@@ -18,7 +18,7 @@ const t = tmpDir('dp-models-unready-');
 beforeAll(async () => {
   const deadSsh = await freePort();
   proxy = await startServerProxy(
-    { db: `sqlite:${t.dir}/proxy.db`, port: 0, stateDir: `${t.dir}/state` },
+    { db: `sqlite:${t.dir}/proxy.db`, port: 0, apiPort: 0, stateDir: `${t.dir}/state` },
     { logger: pino({ level: 'silent' }), authorize: async (project, token) => (project === 'main' && token === TOKEN ? 'allow' : 'deny') },
   );
   const doc = {
@@ -38,7 +38,7 @@ beforeAll(async () => {
       ],
     },
   };
-  const r = await send(`${proxy.url}/api/v1/state`, {
+  const r = await send(`${proxy.apiUrl!}/api/v1/state`, {
     method: 'PUT',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify(doc),

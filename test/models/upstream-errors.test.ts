@@ -24,6 +24,20 @@ describe('upstreamError', () => {
     expect(e.message).toMatch(message);
     expect(JSON.stringify(e.body())).not.toMatch(type === 'text/html' || type === undefined ? /<|nginx/ : /<html/);
   });
+
+  it.each<[string, string, string]>([
+    [
+      "the router allowlist's refusal (dstack's `detail`)",
+      '{"detail":"Path is not allowed for this service"}',
+      'Path is not allowed for this service',
+    ],
+    ["an OpenAI replica's error", '{"error":{"message":"bad max_tokens","type":"invalid_request_error"}}', 'bad max_tokens'],
+    ["TGI's error", '{"error":"Input validation error","error_type":"validation"}', 'Input validation error'],
+    ['plain text', 'quota exceeded', 'quota exceeded'],
+  ])('relays the words of %s once, as a string in both detail and error.message', (_name, text, words) => {
+    const body = upstreamError('acme/m', 403, 'application/json', text).body();
+    expect(body).toEqual({ detail: words, error: { message: words, type: 'permission_error', code: 403 } });
+  });
 });
 
 describe('toModelError', () => {

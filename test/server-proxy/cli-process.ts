@@ -1,5 +1,5 @@
 // The built CLI's `server-proxy` as an operator starts it: a child process whose output is kept
-// for failure messages, its URL read from the "listening on" log line.
+// for failure messages, its URLs read from the "listening on" line.
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import { CLI } from '../helpers/cli.js';
@@ -7,6 +7,8 @@ import { eventually } from '../helpers/nginx.js';
 
 export interface ProxyProcess {
   url: string;
+  /** Where its management routes are: `url`, the --api-port listener's, or undefined when they are off. */
+  apiUrl: string | undefined;
   child: ChildProcess;
   /** Everything it printed (logs on stdout, the CLI's lines on stderr), for failure messages. */
   output(): string;
@@ -33,12 +35,14 @@ export async function startServerProxyProcess(args: string[]): Promise<ProxyProc
       clearTimeout(timer);
     }
   };
-  const url = await Promise.race([
-    eventually(() => /listening on (http:\/\/\S+)/.exec(out)?.[1], 30_000),
+  const line = await Promise.race([
+    eventually(() => /listening on (http:\/\/[^\s,]+)(, management API (?:on (http:\/\/\S+)|off))?/.exec(out) ?? undefined, 30_000),
     exited.then((code) => Promise.reject(new Error(`server-proxy exited with ${code} before listening:\n${out}`))),
   ]).catch(async (err: unknown) => {
     await stop();
     throw err;
   });
-  return { url, child, output: () => out, alive, stop };
+  const url = line[1]!;
+  const apiUrl = line[2] === undefined ? url : line[3];
+  return { url, apiUrl, child, output: () => out, alive, stop };
 }

@@ -62,7 +62,10 @@ export function send(url: string, o: SendOptions = {}): Promise<Reply> {
 
 export interface Harness {
   proxy: RunningServerProxy;
+  /** The proxy's listener. */
   url: string;
+  /** The management routes' own loopback listener (--api-port), where `put` writes. */
+  apiUrl: string;
   dir: string;
   /** PUT the document; returns the new generation. */
   put(doc: unknown): Promise<number>;
@@ -72,15 +75,16 @@ export interface Harness {
 export async function startHarness(options: Partial<ServerProxyServerOptions> = {}, deps: ServerProxyDeps = {}): Promise<Harness> {
   const { dir, cleanup } = tmpDir('dp-sp-');
   const proxy = await startServerProxy(
-    { db: `sqlite:${dir}/proxy.db`, port: 0, stateDir: `${dir}/state`, ...options },
+    { db: `sqlite:${dir}/proxy.db`, port: 0, apiPort: 0, stateDir: `${dir}/state`, ...options },
     { logger: pino({ level: 'silent' }), ...deps },
   );
   return {
     proxy,
     url: proxy.url,
+    apiUrl: proxy.apiUrl!,
     dir,
     async put(doc) {
-      const r = await send(`${proxy.url}/api/v1/state`, {
+      const r = await send(`${proxy.apiUrl}/api/v1/state`, {
         method: 'PUT',
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify(doc),

@@ -1,18 +1,20 @@
 // The standalone `server-proxy` (the built CLI, as an operator starts it) keeps its management
-// routes — PUT/GET /api/v1/state, /api/v1/status, /metrics, /api/stats/collect — from the network: without
-// a token they are served on a loopback address only, a start that would open them elsewhere is
-// refused, and --api-port moves them to a loopback listener of their own.
+// routes — PUT/GET /api/v1/state, /api/v1/status, /metrics, /api/stats/collect — from whoever its
+// proxied requests come from. The proxy's listener serves them only behind the token (or opened
+// explicitly): a load balancer or TLS terminator on the same host makes every client arrive from
+// loopback, so the listener's address and the caller's say nothing. Without a token they are off
+// there, and --api-port moves them to a loopback listener of their own.
 //
 // Every address of 127.0.0.0/8 is loopback for the kernel, so "another host" is played by a
-// client connecting from 127.0.0.2 to a listener on 0.0.0.0: what matters is which address the
-// listener binds, and whether the token is asked for.
+// client connecting from 127.0.0.2 to a listener on 0.0.0.0, and "a load balancer on the same
+// host" by a TCP relay on 127.0.0.1 in front of the proxy: what reaches the proxy through it
+// comes from 127.0.0.1.
 
 import { chmod, writeFile } from 'node:fs/promises';
-import { connect } from 'node:net';
+import { connect, createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, spawnCli, type CliProcess } from '../helpers/cli.js';
-import { freePorts } from '../helpers/ports.js';
 import { tmpDir } from '../helpers/tmp.js';
 import { eventually } from '../helpers/nginx.js';
 import { directService, doc, send, type Reply } from './harness.js';
@@ -25,6 +27,7 @@ let tmp: { dir: string; cleanup: () => void };
 let tokenFile: string;
 let replica: TestReplica;
 const running: CliProcess[] = [];
+const relays: Server[] = [];
 let n = 0;
 
 beforeAll(async () => {
@@ -35,6 +38,7 @@ beforeAll(async () => {
   replica = await startReplica();
 });
 afterAll(async () => {
+  for (const r of relays) r.close();
   for (const p of running) await p.stop();
   await replica?.close();
   tmp?.cleanup();
@@ -45,9 +49,36 @@ async function start(flags: string[]): Promise<{ proc: CliProcess; url: string; 
   const dir = join(tmp.dir, `p${n++}`);
   const proc = spawnCli(['server-proxy', '--db', `sqlite:${dir}.db`, '--state-dir', dir, '--log-level', 'warn', ...flags]);
   running.push(proc);
-  const m = await proc.waitFor(/listening on (http:\/\/\S+?)(?:, management API on (http:\/\/\S+))? \(generation/);
-  return { proc, url: m[1]!, apiUrl: m[2] ?? m[1]! };
+  const m = await proc.waitFor(/listening on (http:\/\/[^\s,]+)(, management API (?:on (http:\/\/\S+)|off \(.*\)))? \(generation/);
+  return { proc, url: m[1]!, apiUrl: m[2] === undefined ? m[1]! : (m[3] ?? 'off') };
 }
+
+/** A TCP relay on 127.0.0.1 to `url`'s port, as a load balancer on the same host is; its URL. */
+async function relayTo(url: string): Promise<string> {
+  const target = Number(new URL(url).port);
+  const relay: Server = createServer((client) => {
+    const upstream = connect({ host: '127.0.0.1', port: target });
+    client.pipe(upstream).pipe(client);
+    const end = (): void => {
+      client.destroy();
+      upstream.destroy();
+    };
+    client.once('error', end).once('close', end);
+    upstream.once('error', end).once('close', end);
+  });
+  await new Promise<void>((resolve) => relay.listen(0, '0.0.0.0', resolve));
+  relays.push(relay);
+  return `http://127.0.0.1:${(relay.address() as { port: number }).port}`;
+}
+
+const MANAGEMENT = [
+  ['PUT', '/api/v1/state'],
+  ['PUT', '/api/v1/state?dryRun=true'],
+  ['GET', '/api/v1/state'],
+  ['GET', '/api/v1/status'],
+  ['GET', '/metrics'],
+  ['GET', '/api/stats/collect'],
+] as const;
 
 /** The same start, expected to be refused. */
 async function refused(flags: string[]): Promise<{ code: number; stderr: string }> {
@@ -84,15 +115,67 @@ function connectRefused(host: string, port: number, localAddress: string): Promi
 }
 
 describe('server-proxy: management routes on the network', () => {
-  it('refuses to start on --host 0.0.0.0 without a token, naming the code and the ways out', async () => {
-    const [port] = (await freePorts(1)) as [number];
-    const r = await refused(['--host', '0.0.0.0', '--port', String(port)]);
-    expect(r.code).toBe(1);
-    expect(r.stderr).toContain('DP_ERR_OPEN_API');
-    expect(r.stderr).toContain('0.0.0.0');
-    for (const way of ['--api-token-file', '--api-port', '--insecure-open-api']) expect(r.stderr).toContain(way);
-    // It never listened.
-    expect(await connectRefused('127.0.0.1', port, '127.0.0.1')).toBe(true);
+  it('the default (127.0.0.1, no token) behind a same-host relay: management off, 403 to everyone, nothing stored', async () => {
+    const { url, apiUrl, proc } = await start(['--port', '0']);
+    expect(apiUrl).toBe('off');
+    // The start-up warning names the ways to turn it on.
+    const warned = proc.output();
+    expect(warned).toMatch(/management routes .* are off on the proxy's listener/);
+    for (const way of ['--api-token-file', '--api-port', '--insecure-open-api']) expect(warned).toContain(way);
+    const relay = await relayTo(url);
+    for (const [method, path] of MANAGEMENT) {
+      // Through the relay from another address, through it from loopback, and straight to the port.
+      for (const [via, from] of [
+        [relay, OUTSIDE],
+        [relay, '127.0.0.1'],
+        [url, '127.0.0.1'],
+      ] as const) {
+        const r = await send(`${via}${path}`, {
+          method,
+          localAddress: from,
+          ...(method === 'PUT' ? { headers: { 'content-type': 'application/json' }, body: JSON.stringify(document()) } : {}),
+        });
+        expect(r.status, `${method} ${path} via ${via} from ${from}`).toBe(403);
+        expect(r.json()).toMatchObject({ code: 'DP_ERR_MANAGEMENT_OFF', message: expect.stringContaining('--api-port') });
+      }
+    }
+    // Nothing was stored: the service is unknown, on the relay as on the port; the probes answer.
+    expect((await send(`${relay}/proxy/services/test-proj/app/echo`, { localAddress: OUTSIDE })).status).toBe(404);
+    expect((await send(`${url}/proxy/services/test-proj/app/echo`)).status).toBe(404);
+    expect((await send(`${relay}/readyz`, { localAddress: OUTSIDE })).status).toBe(200);
+  });
+
+  it('--host 0.0.0.0 without a token starts with management off: 403 from another address', async () => {
+    const { url, apiUrl } = await start(['--host', '0.0.0.0', '--port', '0']);
+    expect(apiUrl).toBe('off');
+    const put = await fromOutside(url, '/api/v1/state', { method: 'PUT', body: document() });
+    expect(put.status).toBe(403);
+    expect(put.json()).toMatchObject({ code: 'DP_ERR_MANAGEMENT_OFF' });
+    expect((await fromOutside(url, '/proxy/services/test-proj/app/echo')).status).toBe(404);
+  });
+
+  it('with --api-token-file behind a same-host relay: 401 without the token, 200 and served with it', async () => {
+    const { url } = await start(['--port', '0', '--api-token-file', tokenFile]);
+    const relay = await relayTo(url);
+    const via = (path: string, o: { method?: string; token?: string; body?: unknown } = {}): Promise<Reply> =>
+      send(`${relay}${path}`, {
+        method: o.method ?? 'GET',
+        localAddress: OUTSIDE,
+        headers: {
+          ...(o.body !== undefined ? { 'content-type': 'application/json' } : {}),
+          ...(o.token ? { authorization: `Bearer ${o.token}` } : {}),
+        },
+        ...(o.body !== undefined ? { body: JSON.stringify(o.body) } : {}),
+      });
+    for (const [method, path] of MANAGEMENT) {
+      const r = await via(path, { method, ...(method === 'PUT' ? { body: document() } : {}) });
+      expect(r.status, `${method} ${path}`).toBe(401);
+    }
+    expect((await via('/proxy/services/test-proj/app/echo')).status).toBe(404);
+    const ok = await via('/api/v1/state', { method: 'PUT', body: document(), token: TOKEN });
+    expect(ok.status, ok.body.toString()).toBe(200);
+    const proxied = await eventuallyStatus(() => via('/proxy/services/test-proj/app/echo'), 200);
+    expect(proxied.json()).toMatchObject({ method: 'GET' });
   });
 
   it('refuses --api-host 0.0.0.0 for the management listener without a token, and --api-host alone', async () => {
@@ -168,10 +251,10 @@ describe('server-proxy: management routes on the network', () => {
     expect((await fromOutside(url, '/readyz')).status).toBe(200);
   });
 
-  it('the default (127.0.0.1, no token) still serves management on the proxy port', async () => {
-    const { url, apiUrl } = await start(['--port', '0']);
+  it('--insecure-open-api on loopback serves them open on the proxy port, with a warning', async () => {
+    const { url, apiUrl, proc } = await start(['--port', '0', '--insecure-open-api']);
     expect(apiUrl).toBe(url);
-    expect(new URL(url).hostname).toBe('127.0.0.1');
+    expect(proc.output()).toMatch(/open without a token on the proxy's listener/);
     const put = await send(`${url}/api/v1/state`, {
       method: 'PUT',
       headers: { 'content-type': 'application/json' },

@@ -95,7 +95,7 @@ describe('server-proxy options', () => {
     const listening = async (args: string[], extra: Record<string, string> = {}): Promise<number> => {
       const proc = spawnCli(['server-proxy', '--config', file, ...args], { env: { ...env, ...extra } });
       try {
-        const [, url] = await proc.waitFor(/listening on (http:\/\/\S+)/);
+        const [, url] = await proc.waitFor(/listening on (http:\/\/[^\s,]+)/);
         return Number(new URL(url!).port);
       } finally {
         expect(await proc.stop()).toBe(0);

@@ -22,7 +22,7 @@ const havePostgres = await ensurePostgres();
 const NO_HANG_MS = 20_000;
 
 function startCli(db: string, stateDir: string): Promise<ProxyProcess> {
-  return startServerProxyProcess(['--db', db, '--port', '0', '--state-dir', stateDir]);
+  return startServerProxyProcess(['--db', db, '--port', '0', '--api-port', '0', '--state-dir', stateDir]);
 }
 
 function withDeadline<T>(what: string, p: Promise<T>, ms = NO_HANG_MS): Promise<T> {
@@ -89,12 +89,12 @@ describe.skipIf(!havePostgres)('two server-proxy processes across a PostgreSQL r
   const serves = (p: ProxyProcess, run: string, timeoutMs = 30_000): Promise<true> =>
     eventually(async () => ((await through(p, run)).status === 200 ? true : undefined), timeoutMs);
   const storeStatus = async (p: ProxyProcess): Promise<StoreStatus> => {
-    const r = await withDeadline(`GET ${p.url}/api/v1/status`, send(`${p.url}/api/v1/status`));
+    const r = await withDeadline(`GET ${p.apiUrl}/api/v1/status`, send(`${p.apiUrl}/api/v1/status`));
     expect(r.status).toBe(200);
     return r.json<{ store: StoreStatus }>().store;
   };
   const servedGeneration = async (p: ProxyProcess): Promise<number> => {
-    const r = await withDeadline(`GET ${p.url}/api/v1/state`, send(`${p.url}/api/v1/state`));
+    const r = await withDeadline(`GET ${p.apiUrl}/api/v1/state`, send(`${p.apiUrl}/api/v1/state`));
     expect(r.status).toBe(200);
     return r.json<{ metadata: { generation: number } }>().metadata.generation;
   };
@@ -111,7 +111,7 @@ describe.skipIf(!havePostgres)('two server-proxy processes across a PostgreSQL r
   const add = (run: string): Record<string, unknown>[] => (services = [...services, directService('test-proj', run, replica!.port)]);
 
   it('a PUT to A is served by B', async () => {
-    const r = await put(a.url, add('first'));
+    const r = await put(a.apiUrl!, add('first'));
     expect(r.status, r.body.toString()).toBe(200);
     await serves(b, 'first', 5_000);
     expect(await storeStatus(b)).toMatchObject({ kind: 'postgres', connected: true });
@@ -121,7 +121,7 @@ describe.skipIf(!havePostgres)('two server-proxy processes across a PostgreSQL r
     await server!.restart();
     alive();
     for (const p of [a, b]) expect((await through(p, 'first')).status).toBe(200);
-    const generation = await putWhenBack(b.url, add('after-restart'));
+    const generation = await putWhenBack(b.apiUrl!, add('after-restart'));
     await serves(a, 'after-restart');
     await eventually(async () => ((await servedGeneration(a)) === generation ? true : undefined), 10_000);
     // Both are back on the database, with nothing left of the outage in their status.
@@ -152,7 +152,7 @@ describe.skipIf(!havePostgres)('two server-proxy processes across a PostgreSQL r
       expect((await withDeadline('readyz', send(`${p.url}/readyz`))).status).toBe(200);
     }
     // A write has nowhere to go: a clear 503, not a hang and not a 500.
-    const refused = await put(a.url, [...services, directService('test-proj', 'during-outage', replica!.port)]);
+    const refused = await put(a.apiUrl!, [...services, directService('test-proj', 'during-outage', replica!.port)]);
     expect(refused.status).toBe(503);
     expect(refused.json()).toMatchObject({ code: 'DP_ERR_STATE_UNAVAILABLE' });
     expect(refused.json<{ message: string }>().message).toMatch(/unreachable/);
@@ -199,7 +199,7 @@ describe.skipIf(!havePostgres)('two server-proxy processes across a PostgreSQL r
     }
 
     // And a PUT through B (based on the directly written generation) is served by A.
-    const generation = await putWhenBack(b.url, add('after-stop'));
+    const generation = await putWhenBack(b.apiUrl!, add('after-stop'));
     expect(generation).toBe(directGeneration + 1);
     await serves(a, 'after-stop');
     for (const p of [a, b]) expect((await through(p, 'first')).status).toBe(200);

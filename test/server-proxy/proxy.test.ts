@@ -301,7 +301,7 @@ describe('beyond dstack', () => {
     const before = h.proxy.proxy.stats.frames.get('my-proj/my-run')?.totalRequests ?? 0;
     const n = 7;
     for (let i = 0; i < n; i++) await send(`${base}/my-proj/my-run/s`);
-    const r = await send(`${h.url}/api/stats/collect`);
+    const r = await send(`${h.apiUrl}/api/stats/collect`);
     const entry = r
       .json<{ project_name: string; run_name: string; stats: Record<string, { requests: number; request_time: number }> }[]>()
       .find((s) => s.run_name === 'my-run');
@@ -312,10 +312,10 @@ describe('beyond dstack', () => {
   });
 
   it('serves state, status with store health, healthz and readyz', async () => {
-    const s = await send(`${h.url}/api/v1/state`);
+    const s = await send(`${h.apiUrl}/api/v1/state`);
     expect(s.status).toBe(200);
     expect(s.json<{ metadata: { generation: number } }>().metadata.generation).toBe(1);
-    const st = await send(`${h.url}/api/v1/status`);
+    const st = await send(`${h.apiUrl}/api/v1/status`);
     expect(st.json<{ store: { kind: string; generation: number }; ready: boolean }>()).toMatchObject({
       ready: true,
       store: { kind: 'sqlite', generation: 1 },
@@ -325,7 +325,7 @@ describe('beyond dstack', () => {
   });
 
   it('serves a new generation: a removed service is 404 at once, an added one within 1 s', async () => {
-    const current = await send(`${h.url}/api/v1/state`);
+    const current = await send(`${h.apiUrl}/api/v1/state`);
     const d = current.json<{ spec: { services: Record<string, unknown>[] } }>();
     const services = d.spec.services.filter((s) => s.run !== 'my-run');
     services.push(directService('my-proj', 'new-run', replica.port));

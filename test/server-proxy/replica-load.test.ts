@@ -63,14 +63,14 @@ interface StatusObject {
 }
 
 async function replicaStatus(key: string): Promise<StatusObject | undefined> {
-  const r = await send(`${h.url}/api/v1/status`);
+  const r = await send(`${h.apiUrl}/api/v1/status`);
   expect(r.status).toBe(200);
   return r.json<{ loops: Record<string, { objects: Record<string, StatusObject> }> }>().loops.ssh?.objects[key];
 }
 
 /** The in-server proxy's /metrics. */
 async function metricsText(): Promise<string> {
-  const r = await send(`${h.url}/metrics`);
+  const r = await send(`${h.apiUrl}/metrics`);
   expect(r.status).toBe(200);
   return r.body.toString();
 }

@@ -19,7 +19,7 @@ const dirs: (() => void)[] = [];
 async function start(): Promise<RunningServerProxy> {
   const { dir, cleanup } = tmpDir('dp-sp-pg-');
   dirs.push(cleanup);
-  return startServerProxy({ db: db.connectionString, port: 0, stateDir: dir }, { logger: pino({ level: 'silent' }) });
+  return startServerProxy({ db: db.connectionString, port: 0, apiPort: 0, stateDir: dir }, { logger: pino({ level: 'silent' }) });
 }
 
 beforeAll(async () => {
@@ -44,7 +44,7 @@ const put = (url: string, body: unknown, ifMatch?: number) =>
   });
 
 it('a PUT to A is served by B within 1 s', async () => {
-  const r = await put(a.url, doc([directService('test-proj', 'scaled', replica.port)]));
+  const r = await put(a.apiUrl!, doc([directService('test-proj', 'scaled', replica.port)]));
   expect(r.status).toBe(200);
   const committed = Date.now();
   await eventually(async () => ((await send(`${b.url}/proxy/services/test-proj/scaled/echo`)).status === 200 ? true : undefined), 5_000);
@@ -53,9 +53,9 @@ it('a PUT to A is served by B within 1 s', async () => {
 });
 
 it('concurrent PUTs with the same If-Match: exactly one winner', async () => {
-  const gen = (await send(`${a.url}/api/v1/state`)).json<{ metadata: { generation: number } }>().metadata.generation;
+  const gen = (await send(`${a.apiUrl!}/api/v1/state`)).json<{ metadata: { generation: number } }>().metadata.generation;
   const writers = Array.from({ length: 10 }, (_, i) =>
-    put(i % 2 ? a.url : b.url, doc([directService('test-proj', `race-${i}`, replica.port)]), gen),
+    put(i % 2 ? a.apiUrl! : b.apiUrl!, doc([directService('test-proj', `race-${i}`, replica.port)]), gen),
   );
   const statuses = (await Promise.all(writers)).map((r) => r.status);
   expect(statuses.filter((s) => s === 200)).toHaveLength(1);

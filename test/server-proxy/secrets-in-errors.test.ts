@@ -75,7 +75,7 @@ describe('a rejected PUT or validate names the rule, never the secret', () => {
   const t = tmpDir('dp-secrets-');
   beforeAll(async () => {
     proxy = await startServerProxy(
-      { db: `sqlite:${t.dir}/proxy.db`, port: 0, stateDir: `${t.dir}/state` },
+      { db: `sqlite:${t.dir}/proxy.db`, port: 0, apiPort: 0, stateDir: `${t.dir}/state` },
       { logger: pino({ level: 'silent' }) },
     );
   });
@@ -85,7 +85,7 @@ describe('a rejected PUT or validate names the rule, never the secret', () => {
   });
 
   it.each(BAD)('PUT with %s → 422 without any part of it', async (_name, doc) => {
-    const r = await send(`${proxy.url}/api/v1/state`, {
+    const r = await send(`${proxy.apiUrl!}/api/v1/state`, {
       method: 'PUT',
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify(doc),
@@ -98,7 +98,7 @@ describe('a rejected PUT or validate names the rule, never the secret', () => {
   });
 
   it('says what is wrong with a bad eabHmacKey without showing it', async () => {
-    const r = await send(`${proxy.url}/api/v1/state`, {
+    const r = await send(`${proxy.apiUrl!}/api/v1/state`, {
       method: 'PUT',
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify(BAD[0]![1]),
@@ -110,7 +110,7 @@ describe('a rejected PUT or validate names the rule, never the secret', () => {
 
   it('PUT of malformed JSON around a secret → 400 without any part of it', async () => {
     for (const body of [`${SECRET} x`, `{"spec":{"acme":{"eabHmacKey":"${SECRET}" oops}}}`, `not json ${SECRET}`, `{"a":"${SECRET}\n"}`]) {
-      const r = await send(`${proxy.url}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body });
+      const r = await send(`${proxy.apiUrl!}/api/v1/state`, { method: 'PUT', headers: { 'content-type': 'application/json' }, body });
       expect(r.status).toBe(400);
       expect(leaks(r.body.toString())).toEqual([]);
     }
@@ -138,7 +138,7 @@ async function startLogged(
       done();
     },
   });
-  const proxy = await startServerProxy({ db, port: 0, stateDir: dir }, { logger: pino({ level: 'debug' }, sink) });
+  const proxy = await startServerProxy({ db, port: 0, apiPort: 0, stateDir: dir }, { logger: pino({ level: 'debug' }, sink) });
   return {
     proxy,
     raw,
@@ -152,7 +152,7 @@ interface Status {
 
 async function expectRejectedWithoutLeak(proxy: RunningServerProxy, raw: string[], lines: () => Record<string, unknown>[]): Promise<void> {
   const status = await eventually(async () => {
-    const s = (await send(`${proxy.url}/api/v1/status`)).json<Status>();
+    const s = (await send(`${proxy.apiUrl!}/api/v1/status`)).json<Status>();
     return s.store.lastError?.reason === 'invalid' ? s : undefined;
   }, 10_000);
   expect(status.store.lastError?.issues?.map((i) => i.path)).toContain('/spec/acme/eabHmacKey');
@@ -196,7 +196,7 @@ describe('an invalid row written straight into the database', () => {
       db.prepare('UPDATE proxy_state SET generation = 3, document = ? WHERE id = 1').run(`{"spec":{"acme":{"eabHmacKey":"${SECRET}"`);
       db.close();
       const status = await eventually(async () => {
-        const s = (await send(`${proxy.url}/api/v1/status`)).json<Status>();
+        const s = (await send(`${proxy.apiUrl!}/api/v1/status`)).json<Status>();
         return s.store.lastError ? s : undefined;
       }, 10_000);
       expect(status.store.lastError?.message).toMatch(/not JSON/);
