@@ -13,6 +13,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { connect as netConnect, isIP } from 'node:net';
 import type { ReplicaRouter } from '../dataplane/router.js';
 import { Http1Pool } from '../http1/index.js';
+import { ROUTER_PATH_REFUSED, routerPathAllowed } from '../server-proxy/paths.js';
 import type { Service } from '../spec/types.js';
 import { serviceKey } from '../spec/types.js';
 import { ModelApiError } from './errors.js';
@@ -141,6 +142,12 @@ function clientHeaders(service: Service, client: ForwardedClient | undefined): s
 export function replicaForwarder(replicas: ReplicaRouter): Forwarder {
   return {
     forward(service, req) {
+      // The allowlist the service's proxied paths get applies to the model API's calls too (on
+      // the gateway its Nginx site refuses them; here nothing else would): a model whose prefix
+      // falls outside it is refused before any replica, in the same words.
+      if (service.routerAllowlist === true && !routerPathAllowed(req.path)) {
+        return Promise.reject(new ModelApiError(403, ROUTER_PATH_REFUSED));
+      }
       const key = serviceKey(service);
       // A replica's own name for itself is unknown here: the service's domain when it has one.
       const headers = ['host', service.domain ?? 'localhost', ...JSON_HEADERS];
