@@ -1,7 +1,7 @@
 // The router allowlist and the per-service read timeout on the gateway, with its real Nginx and
 // data plane: allowed paths (`/generate`, `/v1/…`, `/chat/completions`) reach the replica with
 // auth, CORS and stats as on any service; every other path (`/`, `/health`, `/v1`, `/generate/x`…)
-// gets a JSON 403 and never reaches it; a replica pausing 3 s answers 504 on a service with
+// gets a JSON 403 and never reaches it; a replica pausing 3 s answers a JSON 504 on a service with
 // `readTimeout: 1` and in full with the default; the site carries its own proxy_read_timeout.
 
 import { readFileSync } from 'node:fs';
@@ -134,9 +134,11 @@ describe('per-service read timeout on the gateway', () => {
     expect(readFileSync(siteFile(t, 'plain.gw.test'), 'utf8')).toContain('proxy_read_timeout 300s;');
   });
 
-  it('a replica pausing 3 s on a service with readTimeout 1: 504', async () => {
+  it('a replica pausing 3 s on a service with readTimeout 1: 504 in JSON, not an HTML page', async () => {
     const r = await get('short.gw.test', '/slow');
     expect(r.status).toBe(504);
+    expect(r.headers['content-type']).toMatch(/^application\/json/);
+    expect(JSON.parse(r.body)).toEqual({ detail: 'Timed out requesting upstream' });
   });
 
   it('the same pause with the default timeout: the full answer', async () => {

@@ -37,6 +37,8 @@ export const DATAPLANE_KEEPALIVE = 1024;
 export const UPSTREAM_KEEPALIVE_TIME = '1h';
 export const LIMIT_REQ_ZONE_SIZE = '10m';
 export const REPLICA_LOCATION = '@dstack_replica';
+/** Where Nginx's own 504 (the replica silent past proxy_read_timeout) is answered in JSON. */
+const TIMEOUT_LOCATION = '@dstack_timeout';
 export const AUTH_LOCATION = '/_dstack_auth';
 export const ACME_PREFIX = '/.well-known/acme-challenge/';
 /**
@@ -126,11 +128,13 @@ function byHostLocations(b: NonNullable<GlobalView['byHost']>, upstream: string)
       'proxy_set_header Upgrade $http_upgrade;',
       'proxy_set_header Connection $dstack_connection_upgrade;',
       `proxy_set_header ${SERVICE_HEADER} ${BY_HOST};`,
+      `error_page 504 ${TIMEOUT_LOCATION};`,
       `proxy_read_timeout ${b.proxyReadTimeoutSec}s;`,
       `proxy_send_timeout ${b.proxyReadTimeoutSec}s;`,
       'proxy_buffering off;',
     ]),
     ...block(`location ${UNKNOWN_HOST_LOCATION}`, ['access_log off;', 'return 404;']),
+    ...timeoutBlock(),
   ];
 }
 
@@ -344,6 +348,7 @@ function renderServiceSite(v: ServiceSiteView): string {
     ...locations(v, { auth: v.authUrl !== null }),
     '',
     ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: false })),
+    ...timeoutLocation(v),
     ...leftLocation(v),
   );
   l.push(...block('server', body));
@@ -394,6 +399,22 @@ function leftLocation(v: ServiceSiteView): Lines {
   return ['', ...block(`location ${UNKNOWN_HOST_LOCATION}`, ['access_log off;', 'return 404;'])];
 }
 
+/**
+ * A replica silent past the read timeout gets Nginx's own 504, an HTML page no API client can
+ * read: answered instead in JSON with the data plane's words for it, as every other error of a
+ * service is. Only Nginx's own 504: without proxy_intercept_errors a replica's 504 passes as it is.
+ */
+const TIMEOUT_BODY = JSON.stringify({ detail: 'Timed out requesting upstream' });
+
+function timeoutLocation(v: ServiceSiteView): Lines {
+  if (!v.upstream) return [];
+  return ['', ...timeoutBlock()];
+}
+
+function timeoutBlock(): Lines {
+  return block(`location ${TIMEOUT_LOCATION}`, ['default_type application/json;', `return 504 ${quote(TIMEOUT_BODY)};`]);
+}
+
 /** What a path outside the router allowlist gets: dstack's in-server proxy's words. */
 const ROUTER_REFUSED_BODY = JSON.stringify({ detail: 'Path is not allowed for this service' });
 
@@ -404,7 +425,7 @@ function replicaLocation(v: ServiceSiteView, o: { internal: boolean }): Lines {
     rb.push('default_type application/json;', `return 503 ${quote(body503)};`);
     return rb;
   }
-  rb.push(`proxy_pass http://${v.upstream.name};`, 'proxy_http_version 1.1;');
+  rb.push(`proxy_pass http://${v.upstream.name};`, 'proxy_http_version 1.1;', `error_page 504 ${TIMEOUT_LOCATION};`);
   if (o.internal) {
     // The model API sends the client's forwarding chain (ending with the client) as is.
     rb.push(
@@ -446,6 +467,7 @@ function internalServer(v: ServiceSiteView, listen: string): Lines {
     ...locations(v, { auth: false }),
     '',
     ...block(`location ${REPLICA_LOCATION}`, replicaLocation(v, { internal: true })),
+    ...timeoutLocation(v),
     ...leftLocation(v),
   ];
   return ["# the same service for the gateway's own model API (internal listener)", ...block('server', body)];

@@ -228,7 +228,7 @@ describe('service site', () => {
     expect(internal).not.toContain('auth_request');
     expect(internal).not.toContain('return 301');
     expect(internal).not.toContain('listen 127.0.0.1');
-    expect([...locationBlocks(internal).keys()].sort()).toEqual(['/', '/v1/chat', '@dstack_replica']);
+    expect([...locationBlocks(internal).keys()].sort()).toEqual(['/', '/v1/chat', '@dstack_replica', '@dstack_timeout']);
     // Every service site has one, proxying to its own upstream or answering 503.
     expectLines(renderSite(site('plain.gw.test')), [INTERNAL, 'proxy_pass http://u6ca26a5a.main.plain;']);
     expectLines(renderSite(site('empty.gw.test')), [INTERNAL, 'default_type application/json;']);
