@@ -21,6 +21,25 @@ export interface OptionSpec {
 
 export type OptionTable = Readonly<Record<string, OptionSpec>>;
 
+/** What an option of this spec resolves to: an enum one of its values, a switch a boolean, a number for the rest. */
+type ValueOf<S extends OptionSpec> = S['kind'] extends 'enum'
+  ? S['values'] extends readonly (infer V)[]
+    ? V
+    : string
+  : S['kind'] extends 'string'
+    ? string
+    : S['kind'] extends 'switch'
+      ? boolean
+      : number;
+
+/**
+ * The options a table resolves to, typed from the table itself (declared `as const`): an option
+ * without a default may be undefined, one with a default never is.
+ */
+export type Resolved<T extends OptionTable> = {
+  -readonly [K in keyof T]: undefined extends T[K]['default'] ? ValueOf<T[K]> | undefined : ValueOf<T[K]>;
+};
+
 /** Where the values come from; `flags` are keyed by option name (camelCase). */
 export interface OptionSources {
   flags?: Record<string, string | undefined>;
@@ -37,7 +56,7 @@ export function envName(name: string): string {
 }
 
 /** Every option of `table`, each from the source that wins, checked and coerced. */
-export function resolveTable(table: OptionTable, sources: OptionSources): Record<string, unknown> {
+export function resolveTable<T extends OptionTable>(table: T, sources: OptionSources): Resolved<T> {
   const fromFile = sources.configFile ? readConfigFile(table, sources.configFile) : {};
   const out: Record<string, unknown> = {};
   for (const [name, spec] of Object.entries(table)) {
@@ -54,7 +73,8 @@ export function resolveTable(table: OptionTable, sources: OptionSources): Record
             : [spec.default, 'default'];
     out[name] = raw === undefined ? undefined : coerce(raw, spec, where);
   }
-  return out;
+  // coerce() gives each option its kind's type (an enum only one of its values): what Resolved says.
+  return out as Resolved<T>;
 }
 
 /** argv → the table's flags (by option name) and `--config`; unknown flags fail as usage errors. */

@@ -22,7 +22,7 @@ export interface ServerProxyFlags {
   logLevel: 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 }
 
-export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpec> = {
+export const SERVER_PROXY_OPTION_SPECS = {
   db: { kind: 'string', default: undefined, help: 'required: `sqlite:PATH`, `postgres://user@host/db`, or a state directory (state.json)' },
   host: {
     kind: 'string',
@@ -69,10 +69,10 @@ export const SERVER_PROXY_OPTION_SPECS: Record<keyof ServerProxyFlags, OptionSpe
     default: 'info',
     help: 'JSON log level',
   },
-};
+} as const satisfies Record<keyof ServerProxyFlags, OptionSpec>;
 
 export function resolveServerProxyOptions(sources: OptionSources): ServerProxyServerOptions {
-  const f = resolveTable(SERVER_PROXY_OPTION_SPECS, sources) as unknown as ServerProxyFlags;
+  const f: ServerProxyFlags = resolveTable(SERVER_PROXY_OPTION_SPECS, sources);
   if (!f.db) throw new ProxyError('DP_ERR_BAD_OPTION', '--db is required (sqlite:PATH or postgres://…)');
   if (f.apiHost !== undefined && f.apiPort === undefined) {
     throw new ProxyError('DP_ERR_BAD_OPTION', '--api-host needs --api-port (management on its own listener)');

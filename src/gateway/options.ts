@@ -52,7 +52,7 @@ export interface GatewayOptions {
   logLevel: 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal' | 'silent';
 }
 
-export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
+export const OPTION_SPECS = {
   stateDir: {
     kind: 'string',
     default: '.dstack-proxy',
@@ -207,10 +207,10 @@ export const OPTION_SPECS: Record<keyof GatewayOptions, OptionSpec> = {
     default: 'info',
     help: 'JSON log level',
   },
-};
+} as const satisfies Record<keyof GatewayOptions, OptionSpec>;
 
 export function resolveOptions(sources: OptionSources): GatewayOptions {
-  const options = resolveTable(OPTION_SPECS, sources) as unknown as GatewayOptions;
+  const options: GatewayOptions = resolveTable(OPTION_SPECS, sources);
   if (options.httpPort === options.httpsPort) {
     throw new ProxyError('DP_ERR_BAD_OPTION', `--http-port and --https-port are both ${options.httpPort}`);
   }

@@ -29,6 +29,8 @@ export type CertificateOutputs = {
   failedAttempts: number;
   /** After a failure or a DNS check that failed: no ACME attempt before this; else null. */
   nextAttemptTime: string | null;
+  /** What the last failed attempt (certbot, or the DNS check) said, since the last success; else null. */
+  lastError: string | null;
 };
 
 /** The SSH loop's outputs for a service (object key: the service key): where its balancer listens. */
@@ -42,11 +44,14 @@ export type ReplicaTunnelOutputs = {
   reconnects: number;
 };
 
-function outputsOf<T extends Outputs>(statuses: StatusSnapshot, loop: string, key: string): T | undefined {
+/** The loops part of a status snapshot: all that reading outputs needs. */
+type LoopsOf = Pick<StatusSnapshot, 'loops'>;
+
+function outputsOf<T extends Outputs>(statuses: LoopsOf, loop: string, key: string): T | undefined {
   return statuses.loops[loop]?.objects[key]?.outputs as T | undefined;
 }
 
-export function certificateOutputs(statuses: StatusSnapshot, domain: string): CertificateOutputs | undefined {
+export function certificateOutputs(statuses: LoopsOf, domain: string): CertificateOutputs | undefined {
   return outputsOf<CertificateOutputs>(statuses, TLS_LOOP, domain);
 }
 

@@ -249,6 +249,7 @@ describe('GET /metrics', () => {
       renewalTime: new Date(Date.UTC(2029, 9, 1)).toISOString(),
       failedAttempts: 1,
       nextAttemptTime: null,
+      lastError: null,
     };
     tlsStatus.setOutputs('alpha.gw.test', cert);
     tlsStatus.setOutputs('pending.gw.test', {

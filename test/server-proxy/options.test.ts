@@ -4,7 +4,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { envName, kebab } from '../../src/option-table.js';
+import { envName, kebab, type OptionTable } from '../../src/option-table.js';
 import { SERVER_PROXY_OPTION_SPECS, resolveServerProxyOptions } from '../../src/daemon/server-proxy-options.js';
 import { runCli, spawnCli } from '../helpers/cli.js';
 import { freePorts } from '../helpers/ports.js';
@@ -79,7 +79,7 @@ describe('server-proxy options', () => {
     const doc = readFileSync('docs/configuration.md', 'utf8');
     const section = doc.slice(doc.indexOf('## `dstack-proxy server-proxy`'));
     const rows = section.slice(0, section.indexOf('\n## ', 1)).split('\n');
-    for (const [name, spec] of Object.entries(SERVER_PROXY_OPTION_SPECS)) {
+    for (const [name, spec] of Object.entries(SERVER_PROXY_OPTION_SPECS as OptionTable)) {
       const row = rows.find((l) => l.startsWith(`| \`--${kebab(name)}\` |`));
       expect(row, name).toBeDefined();
       expect(row).toContain(`\`${envName(name)}\``);

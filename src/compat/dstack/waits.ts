@@ -8,7 +8,7 @@
 import type { Condition } from '../../reconcilers/conditions.js';
 import { findCondition } from '../../reconcilers/conditions.js';
 import type { StatusListener } from '../../reconcilers/controller.js';
-import { replicaObjectKey, SSH_LOOP, TLS_LOOP } from '../../reconcilers/outputs.js';
+import { certificateOutputs, replicaObjectKey, SSH_LOOP, TLS_LOOP } from '../../reconcilers/outputs.js';
 import type { LoopStatus, StatusSnapshot } from '../../reconcilers/types.js';
 
 /** What the waits read: the controller's status and its change feed. */
@@ -102,10 +102,9 @@ export type CertFailure = { kind: 'dns'; error: string | undefined } | { kind: '
 
 export type CertVerdict = { kind: 'ready' } | { kind: 'failed'; failure: CertFailure };
 
-/** The error part of the TLS loop's failure figures (`failedAttempts 1; …; error <text>`). */
-function certError(c: Condition): string | undefined {
-  const m = /(?:^|; )error ([\s\S]*)$/.exec(c.message ?? '');
-  return m?.[1]?.replace(/\s+/g, ' ').trim() || undefined;
+/** What the TLS loop's last failed attempt for the domain said, on one line (its typed output). */
+function certError(s: LoopsView, domain: string): string | undefined {
+  return certificateOutputs(s, domain)?.lastError?.replace(/\s+/g, ' ').trim() || undefined;
 }
 
 /**
@@ -119,8 +118,8 @@ export function certificateCheck(domain: string, generation: number): (s: LoopsV
     if (ready === undefined) return undefined;
     if (ready.status === 'True') return { kind: 'ready' };
     if ((ready.observedGeneration ?? -1) < generation) return undefined;
-    if (ready.reason === 'DNSNotReady') return { kind: 'failed', failure: { kind: 'dns', error: certError(ready) } };
-    if (ready.reason === 'IssueFailed') return { kind: 'failed', failure: { kind: 'issue', error: certError(ready) } };
+    if (ready.reason === 'DNSNotReady') return { kind: 'failed', failure: { kind: 'dns', error: certError(s, domain) } };
+    if (ready.reason === 'IssueFailed') return { kind: 'failed', failure: { kind: 'issue', error: certError(s, domain) } };
     return undefined;
   };
 }

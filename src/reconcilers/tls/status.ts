@@ -107,5 +107,6 @@ export function certificateOutputsOf(i: DomainInfo, certsDir: string): Certifica
     renewalTime: i.cert ? iso(i.cert.renewalTime) : null,
     failedAttempts: i.failedAttempts,
     nextAttemptTime: i.nextAttemptTime !== undefined ? iso(i.nextAttemptTime) : null,
+    lastError: i.lastError ?? null,
   };
 }

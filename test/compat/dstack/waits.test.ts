@@ -56,9 +56,14 @@ const detailOf = (json: unknown): string => (json as { detail: string }).detail;
 function loopWith(
   key: string,
   ready: { status: 'True' | 'False'; reason: string; message?: string; observedGeneration: number },
+  outputs?: Record<string, string | number | null>,
 ): LoopStatus {
   const condition = { type: 'Ready', message: '', lastTransitionTime: new Date(0), ...ready };
-  return { conditions: [], objects: { [key]: { conditions: [condition] } }, failures: {} } as unknown as LoopStatus;
+  return {
+    conditions: [],
+    objects: { [key]: { conditions: [condition], ...(outputs ? { outputs } : {}) } },
+    failures: {},
+  } as unknown as LoopStatus;
 }
 
 describe('the checks (pure)', () => {
@@ -106,12 +111,12 @@ describe('the checks (pure)', () => {
     expect(
       cert({
         loops: {
-          tls: loopWith('a.example.test', {
-            status: 'False',
-            reason: 'IssueFailed',
-            message: 'failedAttempts 1; error urn:acme:error:rejected\nbad',
-            observedGeneration: 3,
-          }),
+          // The error is read from the loop's typed output, not parsed out of the message.
+          tls: loopWith(
+            'a.example.test',
+            { status: 'False', reason: 'IssueFailed', message: 'failedAttempts 1; error something else', observedGeneration: 3 },
+            { failedAttempts: 1, lastError: 'urn:acme:error:rejected\nbad' },
+          ),
         },
       }),
     ).toEqual({ kind: 'failed', failure: { kind: 'issue', error: 'urn:acme:error:rejected bad' } });

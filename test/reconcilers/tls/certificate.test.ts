@@ -134,6 +134,7 @@ describe('certificate outputs, as Nginx reads them', () => {
       renewalTime: new Date(2000).toISOString(),
       failedAttempts: 0,
       nextAttemptTime: null,
+      lastError: null,
     });
     // The message still says it for people; nothing reads it back.
     expect(msg).toBe(`serial AB01; notAfter ${new Date(3000).toISOString()}; renewalTime ${new Date(2000).toISOString()}`);
@@ -149,7 +150,14 @@ describe('certificate outputs, as Nginx reads them', () => {
   });
 
   it('no certificate served → null paths, whatever the message says', () => {
-    const info = { domain: 'a.gw.test', cert: null, issuing: false, failedAttempts: 2, nextAttemptTime: 5000 };
+    const info = {
+      domain: 'a.gw.test',
+      cert: null,
+      issuing: false,
+      failedAttempts: 2,
+      nextAttemptTime: 5000,
+      lastError: 'urn:acme:error:rejected',
+    };
     const outputs = certificateOutputsOf(info, '/s/certs');
     expect(outputs).toMatchObject({
       serial: null,
@@ -158,6 +166,7 @@ describe('certificate outputs, as Nginx reads them', () => {
       notAfter: null,
       failedAttempts: 2,
       nextAttemptTime: new Date(5000).toISOString(),
+      lastError: 'urn:acme:error:rejected',
     });
     expect(certFromTlsOutputs('a.gw.test', snapshot('True', 'serial AB01; notAfter x; renewalTime y', outputs))).toBeNull();
   });
