@@ -4,7 +4,7 @@
 // (Loop.metrics(): name, help, labels and a read function), and the daemon's own figures (loop
 // counters, the document generation, the access log) come from the sources below.
 
-import type { FastifyPluginAsync, onRequestHookHandler } from 'fastify';
+import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client';
 import type { LoopCounters, MetricFamily, MetricSample } from '../reconcilers/types.js';
 
@@ -159,7 +159,7 @@ export function createMetrics(sources: MetricsSources = {}, opts: { defaultMetri
 
 export interface MetricsRoutesOptions {
   metrics: Metrics;
-  guard?: onRequestHookHandler;
+  guard?: (request: FastifyRequest) => Promise<void>;
 }
 
 /** `GET /metrics` in the Prometheus text format. */

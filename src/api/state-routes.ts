@@ -34,7 +34,8 @@ export async function stateRoutes(app: FastifyInstance, { runtime, guard }: Stat
 
   app.put<{ Querystring: { dryRun?: string } }>('/api/v1/state', { onRequest: guard }, async (request) => {
     const format: DocumentFormat = YAML_TYPES.some((t) => (request.headers['content-type'] ?? '').startsWith(t)) ? 'yaml' : 'json';
-    const next = parseAndValidate(String(request.body ?? ''), format);
+    // The content parsers hand the body over as text; nothing else reaches here.
+    const next = parseAndValidate(typeof request.body === 'string' ? request.body : '', format);
     const ifMatch = parseIfMatch(request.headers['if-match']);
     const dryRun = request.query.dryRun === 'true' || request.query.dryRun === '1';
 

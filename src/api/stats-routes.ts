@@ -1,7 +1,7 @@
 // `GET /api/stats/collect`: dstack's autoscaler input, in dstack's format
 // `[{project_name, run_name, stats: {"30": {requests, request_time}, "60": …, "300": …}}]`.
 
-import type { FastifyPluginAsync, onRequestHookHandler } from 'fastify';
+import type { FastifyPluginAsync, FastifyRequest } from 'fastify';
 import type { ProxyState } from '../spec/types.js';
 import type { ServiceStats } from '../stats/index.js';
 
@@ -10,7 +10,7 @@ export interface StatsRoutesOptions {
   /** The current document (the runtime's store). */
   getState: () => Promise<ProxyState> | ProxyState;
   /** Optional onRequest guard (e.g. the API token). */
-  guard?: onRequestHookHandler;
+  guard?: (request: FastifyRequest) => Promise<void>;
 }
 
 export const statsRoutes: FastifyPluginAsync<StatsRoutesOptions> = async (app, { collector, getState, guard }) => {

@@ -79,7 +79,8 @@ export function parseDuration(text: string): number | null {
 export function showValue(v: unknown): string {
   if (v === undefined) return '(unset)';
   if (typeof v === 'string') return v === '<redacted>' ? v : JSON.stringify(v);
-  const text = JSON.stringify(v) ?? String(v);
+  // JSON.stringify gives undefined only for a function or a symbol: name its kind.
+  const text = JSON.stringify(v) ?? `(${typeof v})`;
   return text.length > 120 ? `${text.slice(0, 117)}...` : text;
 }
 

@@ -249,7 +249,7 @@ export class Controller {
       rt.passes.stop();
       rt.settling.wake();
     }
-    await Promise.all(this.#runners.map((rt) => rt.passes.running));
+    await Promise.all(this.#runners.flatMap((rt) => rt.passes.running ?? []));
     await Promise.all(this.#runners.map((rt) => rt.actions.onIdle()));
     await this.#starting?.catch(() => undefined);
     for (const rt of [...this.#runners].reverse()) {

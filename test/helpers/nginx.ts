@@ -70,7 +70,13 @@ export async function eventually<T>(check: () => Promise<T | undefined> | T | un
     } catch (err) {
       lastErr = err;
     }
-    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms${lastErr ? `: ${String(lastErr)}` : ''}`);
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms${lastErr ? `: ${describeError(lastErr)}` : ''}`);
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/** What a thrown value says: an Error's message, a string itself, anything else as JSON. */
+function describeError(e: unknown): string {
+  if (e instanceof Error) return e.message;
+  return typeof e === 'string' ? e : JSON.stringify(e);
 }

@@ -11,6 +11,10 @@ import { execa } from 'execa';
 /** A secret that prints as `<redacted>` in JSON, logs and string conversions. */
 export interface Secret {
   reveal(): string;
+  /** `<redacted>`: what any string conversion of it gives. */
+  toString(): string;
+  /** `<redacted>`. */
+  toJSON(): string;
 }
 
 export function secret(value: string): Secret {
