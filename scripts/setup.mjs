@@ -20,6 +20,7 @@ const PACKAGES = [
   ['wrk', 'wrk'],
   ['openssl', 'openssl'],
   ['postgresql', 'pg_ctlcluster'], // the tests start the cluster themselves (test/helpers/postgres.ts)
+  ['systemd', 'systemd-analyze'], // `systemd-analyze verify` checks the host unit (test/host/render.test.ts)
 ];
 
 function have(program) {

@@ -109,6 +109,16 @@ export function stopTimeout(drainPeriodSeconds: number): number {
  * The unit. WorkingDirectory carries systemd's `-` (a missing dir is no error) and the start
  * script changes into the root itself: a daemonless systemctl run with `--root=<tree>` (a
  * test's unit tree) looks the working dir up inside that tree, where the host root is not.
+ *
+ * The sandboxing is what the gateway's work leaves room for. It runs as root because it edits
+ * the system Nginx's files (/etc/nginx), reloads it and runs certbot (/etc/letsencrypt), so
+ * neither the file system nor /etc is made read-only. UMask 0077 makes everything it writes
+ * private; what Nginx's workers must open is given its mode explicitly (the balancer sockets,
+ * the ACME webroot), and certbot sets its challenge files' mode itself. NoNewPrivileges and
+ * RestrictSUIDSGID keep any child (nginx -t, certbot, systemctl) from gaining privileges;
+ * Nginx's workers only drop them. The rest closes kernel interfaces it never uses. Not set:
+ * MemoryDenyWriteExecute (V8 compiles code at run time), PrivateTmp and PrivateDevices (the
+ * children share /tmp and devices with the system Nginx), ProtectSystem (it writes /etc).
  */
 export function renderUnit(input: UnitInput): string {
   const root = checkPath('the host root', input.root);
@@ -130,6 +140,19 @@ RestartSec=2
 LimitNOFILE=65535
 KillSignal=SIGTERM
 TimeoutStopSec=${input.timeoutStopSec}
+UMask=0077
+NoNewPrivileges=yes
+RestrictSUIDSGID=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+LockPersonality=yes
+RestrictRealtime=yes
+RestrictNamespaces=yes
+SystemCallArchitectures=native
 
 [Install]
 WantedBy=multi-user.target

@@ -39,6 +39,47 @@ describe('renderUnit', () => {
     expect(renderUnit({ root: '/opt/dstack-proxy', timeoutStopSec: 60 })).toBe(unit);
   });
 
+  it('is sandboxed as far as its work allows: private files, no new privileges, kernel interfaces closed', () => {
+    const lines = renderUnit({ root: '/opt/dstack-proxy', timeoutStopSec: 60 }).split('\n');
+    for (const line of [
+      'UMask=0077',
+      'NoNewPrivileges=yes',
+      'RestrictSUIDSGID=yes',
+      'ProtectKernelTunables=yes',
+      'ProtectKernelModules=yes',
+      'ProtectKernelLogs=yes',
+      'ProtectControlGroups=yes',
+      'ProtectClock=yes',
+      'ProtectHostname=yes',
+      'LockPersonality=yes',
+      'RestrictRealtime=yes',
+      'RestrictNamespaces=yes',
+      'SystemCallArchitectures=native',
+    ]) {
+      expect(lines).toContain(line);
+    }
+    // What would break the gateway's work: /etc read-only, a /tmp or devices of its own, no JIT.
+    for (const absent of ['ProtectSystem=', 'PrivateTmp=', 'PrivateDevices=', 'MemoryDenyWriteExecute=', 'User=']) {
+      expect(
+        lines.some((l) => l.startsWith(absent)),
+        absent,
+      ).toBe(false);
+    }
+  });
+
+  it("systemd's own parser takes every line of it (systemd-analyze verify: no unknown key, no bad value)", async () => {
+    const t = tmpDir('dp-render-unit-');
+    const dir = t.dir;
+    writeFileSync(join(dir, 'start'), '#!/bin/sh\n');
+    const unit = join(dir, 'dstack-proxy-verify.service');
+    writeFileSync(unit, renderUnit({ root: dir, timeoutStopSec: 60 }));
+    const r = await execa('systemd-analyze', ['verify', unit], { reject: false, cwd: dir });
+    const said = `${r.stdout}\n${r.stderr}`;
+    expect(said, said).not.toMatch(/Unknown key|Failed to parse|Invalid|unknown/i);
+    expect(r.exitCode, said).toBe(0);
+    t.cleanup();
+  });
+
   it("gives the gateway's drain period a margin to stop in", () => {
     expect(stopTimeout(30)).toBe(60);
     expect(stopTimeout(0)).toBe(30);
