@@ -84,6 +84,19 @@ export async function checkReachable(dir: string, who: WorkerIdentity): Promise<
   }
 }
 
+/**
+ * mkdir -p with every directory it creates 0755 whatever the umask (the unit's is 0077): the
+ * workers must be able to pass through them to reach the worker dir. Existing ones are left.
+ */
+async function searchableParents(path: string): Promise<void> {
+  const first = await mkdir(path, { recursive: true, mode: 0o755 });
+  if (first === undefined) return;
+  for (let p = path; p.length >= first.length; p = dirname(p)) {
+    await chmod(p, 0o755);
+    if (p === first) break;
+  }
+}
+
 async function ownedDir(path: string, gid: number | null): Promise<void> {
   await mkdir(path, { recursive: true, mode: 0o700 });
   if (gid !== null) await chown(path, process.getuid?.() ?? -1, gid);
@@ -99,7 +112,7 @@ export async function prepareWorkerDirs(dir: string, who: WorkerIdentity | null,
   let gid = who && who.uid !== process.getuid?.() ? who.gid : null;
   // Checked before anything is created: a refused start leaves nothing behind.
   if (who && gid !== null) await checkReachable(dir, who);
-  await mkdir(dirname(dir), { recursive: true, mode: 0o755 });
+  await searchableParents(dirname(dir));
   if (gid !== null) {
     try {
       await ownedDir(dir, gid);
