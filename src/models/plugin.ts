@@ -45,219 +45,248 @@ export interface ModelApiOptions {
 /** A replica error body is read up to this size; the rest is dropped. */
 const MAX_ERROR_BODY = 64 * 1024; // 64 KiB
 
+/** What the routes share: the options and the defaults filled in. */
+interface Api {
+  o: ModelApiOptions;
+  firstSeen: FirstSeenStore;
+  newId: () => string;
+  nowSec: () => number;
+  clientOf: (req: FastifyRequest) => ForwardedClient;
+  projectOf: (req: FastifyRequest) => string;
+}
+
 export async function registerModelApi(app: FastifyInstance, o: ModelApiOptions): Promise<void> {
   if (!o.prefix.includes(':project') && !o.project) throw new TypeError('registerModelApi: a prefix without :project needs `project`');
   const clock = o.clock ?? { now: () => Date.now() };
-  const firstSeen = o.firstSeen ?? memoryFirstSeenStore();
-  const newId = o.newId ?? (() => `chatcmpl-${randomUUID().replace(/-/g, '')}`);
-  const bodyLimit = o.bodyLimit ?? 64 * 1024 * 1024;
-  const projectOf = (req: FastifyRequest): string => ((req.params as { project?: string }).project ?? o.project ?? '').toLowerCase();
-  const nowSec = (): number => Math.floor(clock.now() / 1000);
-  const clientOf = o.clientOf ?? peerClient;
-
+  const api: Api = {
+    o,
+    firstSeen: o.firstSeen ?? memoryFirstSeenStore(),
+    newId: o.newId ?? (() => `chatcmpl-${randomUUID().replace(/-/g, '')}`),
+    nowSec: () => Math.floor(clock.now() / 1000),
+    clientOf: o.clientOf ?? peerClient,
+    projectOf: (req) => ((req.params as { project?: string }).project ?? o.project ?? '').toLowerCase(),
+  };
   await app.register(
     async (scope) => {
-      scope.removeAllContentTypeParsers();
-      scope.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit }, (_req, body, done) => done(null, body));
-
-      scope.setErrorHandler((err: FastifyError | ModelApiError, req, reply) => {
-        const e = err instanceof ModelApiError ? err : fastifyError(err);
-        if (e.status >= 500) req.log.error({ err }, e.message);
-        return reply.code(e.status).send(e.body());
-      });
-      // Under a prefix, unknown paths answer in this API's error shape; at the root, the app's own
-      // 404 handler stays in charge.
-      if (o.prefix !== '') {
-        scope.setNotFoundHandler((req, reply) => {
-          const e = new ModelApiError(404, `Not Found: ${req.method} ${req.url.split('?')[0]}`, { detail: 'Not Found' });
-          return reply.code(404).send(e.body());
-        });
-      }
-
-      scope.addHook('onRequest', async (req, reply) => {
-        void reply.header('access-control-allow-origin', '*');
-        if (req.method === 'OPTIONS') {
-          const asked = req.headers['access-control-request-headers'];
-          return reply
-            .code(204)
-            .header('access-control-allow-methods', 'GET, POST, OPTIONS')
-            .header('access-control-allow-headers', typeof asked === 'string' && asked !== '' ? asked : '*')
-            .header('access-control-max-age', '600')
-            .send();
-        }
-        const project = projectOf(req);
-        const token = bearerToken(req.headers.authorization);
-        const decision = token === null ? 'unauthenticated' : await o.authorize(project, token);
-        if (decision !== 'allow') throw unauthorized(project);
-        return undefined;
-      });
+      installErrorShape(scope, o.prefix, o.bodyLimit ?? 64 * 1024 * 1024);
+      scope.addHook('onRequest', corsAndAuth(api));
       scope.options('/*', async () => undefined);
-
-      const lookup = (project: string, name: string): ModelEntry => {
-        const entry = catalogOf(o.getState()).get(project)?.get(name);
-        if (!entry) throw new ModelApiError(404, `Model ${name} not found in project ${project}`);
-        return entry;
-      };
-      const describe = (project: string, name: string, created: Map<string, number>) => ({
-        object: 'model' as const,
-        id: name,
-        created: created.get(modelKey(project, name)) ?? nowSec(),
-        owned_by: project,
-      });
-
-      scope.get('/models', async (req) => {
-        const project = projectOf(req);
-        const state = o.getState();
-        const created = await observeModels(firstSeen, state, nowSec());
-        const names = [...(catalogOf(state).get(project)?.keys() ?? [])];
-        return { object: 'list', data: names.map((n) => describe(project, n, created)) };
-      });
-
-      scope.get('/models/*', async (req) => {
-        const project = projectOf(req);
-        const id = (req.params as { '*': string })['*'];
-        const entry = lookup(project, id);
-        const created = await observeModels(firstSeen, o.getState(), nowSec());
-        return describe(project, entry.name, created);
-      });
-
-      scope.post('/chat/completions', async (req, reply) => {
-        const raw = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
-        const chat = chatRequest(parseJsonBody(raw));
-        const { service } = lookup(projectOf(req), chat.model);
-        if (service.replicas.length === 0) throw new ModelApiError(503, `Service ${serviceKey(service)} has no running replicas`);
-        const abort = new ClientAbort();
-        const client = clientOf(req);
-        // The client went away before the answer was complete: the replica stops generating.
-        reply.raw.on('close', () => {
-          if (!reply.raw.writableFinished) abort.abort();
-        });
-        const model = service.model;
-        if (model.format === 'openai') return openaiCompletion(reply, service, model.prefix, raw, abort, client);
-        return tgiCompletionRoute(reply, service, model, chat, abort, client);
-      });
-
-      async function call(
-        service: Service,
-        path: string,
-        body: Buffer | string,
-        abort: ClientAbort,
-        client: ForwardedClient,
-      ): Promise<UpstreamResponse> {
-        let res: UpstreamResponse;
-        try {
-          res = await o.forward(service, { path, body, signal: abort, client });
-        } catch (err) {
-          throw toModelError(err, serviceKey(service));
-        }
-        if (res.status < 200 || res.status > 299) {
-          const text = await readCapped(res.body, MAX_ERROR_BODY).catch(() => '');
-          throw upstreamError(service.model?.name ?? serviceKey(service), res.status, headerValue(res.headers['content-type']), text);
-        }
-        return res;
-      }
-
-      async function openaiCompletion(
-        reply: FastifyReply,
-        service: Service,
-        prefix: string,
-        raw: Buffer,
-        abort: ClientAbort,
-        client: ForwardedClient,
-      ) {
-        const res = await call(service, completionsPath(prefix), raw, abort, client);
-        const type = headerValue(res.headers['content-type']) ?? 'application/json';
-        const sse = type.startsWith('text/event-stream');
-        void reply.code(res.status).header('content-type', type);
-        if (sse) void reply.header('x-accel-buffering', 'no').header('cache-control', 'no-cache');
-        // A small answer the forwarder read whole goes out in one write with its length; a larger
-        // JSON answer is piped as is (a failure mid-body resets the response); an event stream
-        // goes through relay() so that a failure becomes an SSE error event.
-        if (!sse && Buffer.isBuffer(res.body)) return reply.send(res.body);
-        const body = streamOf(res.body);
-        return reply.send(sse ? withErrorPath(Readable.from(relay(body, abort))) : body);
-      }
-
-      async function tgiCompletionRoute(
-        reply: FastifyReply,
-        service: Service,
-        model: Extract<Service['model'], { format: 'tgi' }>,
-        chat: ChatRequest,
-        abort: ClientAbort,
-        client: ForwardedClient,
-      ) {
-        const params = tgiParams(chat.body);
-        if (!model.chatTemplate) throw new ModelApiError(400, `Model ${model.name} has no chat template`);
-        const bosToken = model.bosToken ?? '';
-        const eosToken = model.eosToken ?? '';
-        const prompt = renderPrompt(model.chatTemplate, { messages: params.messages, bosToken, eosToken });
-        const stop = stopList(params.stop, model.eosToken);
-        const payload = JSON.stringify(tgiPayload(prompt, params, stop, chat.stream));
-        const ctx = { id: newId(), created: nowSec(), model: chat.model, stop };
-        const res = await call(service, chat.stream ? '/generate_stream' : '/generate', payload, abort, client);
-        if (!chat.stream) {
-          const text = await readCapped(res.body, Number.POSITIVE_INFINITY).catch((err: unknown) => {
-            throw toModelError(err);
-          });
-          let data: unknown;
-          try {
-            data = JSON.parse(text);
-          } catch {
-            throw new ModelApiError(502, 'Invalid response from model: not JSON');
-          }
-          return reply.send(tgiCompletion(data, ctx));
-        }
-        const converter = tgiStreamConverter({ ...ctx, includeUsage: chat.includeUsage });
-        const body = streamOf(res.body);
-        const lines = dataLines(body)[Symbol.asyncIterator]();
-        const convert = (payload: string): string[] => {
-          let data: unknown;
-          try {
-            data = JSON.parse(payload);
-          } catch {
-            throw new ModelApiError(502, 'Invalid chunk in model stream: not JSON');
-          }
-          return converter.event(data);
-        };
-        // The first frames are fetched before the status goes out: early errors are HTTP errors.
-        const first: string[] = [];
-        try {
-          while (first.length === 0) {
-            const n = await lines.next();
-            if (n.done) break;
-            if (n.value !== '[DONE]') first.push(...convert(n.value));
-          }
-        } catch (err) {
-          body.destroy();
-          throw toModelError(err);
-        }
-        async function* frames(): AsyncGenerator<string> {
-          try {
-            yield* first;
-            for (;;) {
-              const n = await lines.next();
-              if (n.done) break;
-              if (n.value === '[DONE]') continue;
-              yield* convert(n.value);
-            }
-            if (!converter.done) throw new ModelApiError(502, 'The model stream ended before its final event');
-            yield DONE_FRAME;
-          } catch (err) {
-            if (!abort.aborted) yield errorFrame(toModelError(err));
-          } finally {
-            body.destroy();
-          }
-        }
-        return reply
-          .code(200)
-          .header('content-type', 'text/event-stream; charset=utf-8')
-          .header('cache-control', 'no-cache')
-          .header('x-accel-buffering', 'no')
-          .send(withErrorPath(Readable.from(frames())));
-      }
+      scope.get('/models', async (req) => listModels(api, req));
+      scope.get('/models/*', async (req) => describeModel(api, req));
+      scope.post('/chat/completions', async (req, reply) => chatCompletion(api, req, reply));
     },
     { prefix: o.prefix },
   );
+}
+
+/** Bodies as raw bytes, every error in this API's shape, unknown paths too (under a prefix). */
+function installErrorShape(scope: FastifyInstance, prefix: string, bodyLimit: number): void {
+  scope.removeAllContentTypeParsers();
+  scope.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit }, (_req, body, done) => done(null, body));
+  scope.setErrorHandler((err: FastifyError | ModelApiError, req, reply) => {
+    const e = err instanceof ModelApiError ? err : fastifyError(err);
+    if (e.status >= 500) req.log.error({ err }, e.message);
+    return reply.code(e.status).send(e.body());
+  });
+  // Under a prefix, unknown paths answer in this API's error shape; at the root, the app's own
+  // 404 handler stays in charge.
+  if (prefix !== '') {
+    scope.setNotFoundHandler((req, reply) => {
+      const e = new ModelApiError(404, `Not Found: ${req.method} ${req.url.split('?')[0]}`, { detail: 'Not Found' });
+      return reply.code(404).send(e.body());
+    });
+  }
+}
+
+/** CORS for browsers (preflights answered here), then the project member's token, before anything is looked up. */
+function corsAndAuth(api: Api): (req: FastifyRequest, reply: FastifyReply) => Promise<FastifyReply | undefined> {
+  return async (req, reply) => {
+    void reply.header('access-control-allow-origin', '*');
+    if (req.method === 'OPTIONS') {
+      const asked = req.headers['access-control-request-headers'];
+      return reply
+        .code(204)
+        .header('access-control-allow-methods', 'GET, POST, OPTIONS')
+        .header('access-control-allow-headers', typeof asked === 'string' && asked !== '' ? asked : '*')
+        .header('access-control-max-age', '600')
+        .send();
+    }
+    const project = api.projectOf(req);
+    const token = bearerToken(req.headers.authorization);
+    const decision = token === null ? 'unauthenticated' : await api.o.authorize(project, token);
+    if (decision !== 'allow') throw unauthorized(project);
+    return undefined;
+  };
+}
+
+function lookup(api: Api, project: string, name: string): ModelEntry {
+  const entry = catalogOf(api.o.getState()).get(project)?.get(name);
+  if (!entry) throw new ModelApiError(404, `Model ${name} not found in project ${project}`);
+  return entry;
+}
+
+function describe(api: Api, project: string, name: string, created: Map<string, number>) {
+  return { object: 'model' as const, id: name, created: created.get(modelKey(project, name)) ?? api.nowSec(), owned_by: project };
+}
+
+async function listModels(api: Api, req: FastifyRequest) {
+  const project = api.projectOf(req);
+  const state = api.o.getState();
+  const created = await observeModels(api.firstSeen, state, api.nowSec());
+  const names = [...(catalogOf(state).get(project)?.keys() ?? [])];
+  return { object: 'list', data: names.map((n) => describe(api, project, n, created)) };
+}
+
+async function describeModel(api: Api, req: FastifyRequest) {
+  const project = api.projectOf(req);
+  const id = (req.params as { '*': string })['*'];
+  const entry = lookup(api, project, id);
+  const created = await observeModels(api.firstSeen, api.o.getState(), api.nowSec());
+  return describe(api, project, entry.name, created);
+}
+
+async function chatCompletion(api: Api, req: FastifyRequest, reply: FastifyReply) {
+  const raw = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
+  const chat = chatRequest(parseJsonBody(raw));
+  const { service } = lookup(api, api.projectOf(req), chat.model);
+  if (service.replicas.length === 0) throw new ModelApiError(503, `Service ${serviceKey(service)} has no running replicas`);
+  const abort = new ClientAbort();
+  const client = api.clientOf(req);
+  // The client went away before the answer was complete: the replica stops generating.
+  reply.raw.on('close', () => {
+    if (!reply.raw.writableFinished) abort.abort();
+  });
+  const model = service.model;
+  const call = (path: string, body: Buffer | string): Promise<UpstreamResponse> => callReplica(api, service, path, body, abort, client);
+  if (model.format === 'openai') return openaiCompletion(reply, call, model.prefix, raw, abort);
+  return tgiCompletionRoute(api, reply, call, model, chat, abort);
+}
+
+type Call = (path: string, body: Buffer | string) => Promise<UpstreamResponse>;
+
+/** One request to the service; a non-2xx answer becomes the error the client gets. */
+async function callReplica(
+  api: Api,
+  service: Service,
+  path: string,
+  body: Buffer | string,
+  abort: ClientAbort,
+  client: ForwardedClient,
+): Promise<UpstreamResponse> {
+  let res: UpstreamResponse;
+  try {
+    res = await api.o.forward(service, { path, body, signal: abort, client });
+  } catch (err) {
+    throw toModelError(err, serviceKey(service));
+  }
+  if (res.status < 200 || res.status > 299) {
+    const text = await readCapped(res.body, MAX_ERROR_BODY).catch(() => '');
+    throw upstreamError(service.model?.name ?? serviceKey(service), res.status, headerValue(res.headers['content-type']), text);
+  }
+  return res;
+}
+
+async function openaiCompletion(reply: FastifyReply, call: Call, prefix: string, raw: Buffer, abort: ClientAbort) {
+  const res = await call(completionsPath(prefix), raw);
+  const type = headerValue(res.headers['content-type']) ?? 'application/json';
+  const sse = type.startsWith('text/event-stream');
+  void reply.code(res.status).header('content-type', type);
+  if (sse) void reply.header('x-accel-buffering', 'no').header('cache-control', 'no-cache');
+  // A small answer the forwarder read whole goes out in one write with its length; a larger
+  // JSON answer is piped as is (a failure mid-body resets the response); an event stream
+  // goes through relay() so that a failure becomes an SSE error event.
+  if (!sse && Buffer.isBuffer(res.body)) return reply.send(res.body);
+  const body = streamOf(res.body);
+  return reply.send(sse ? withErrorPath(Readable.from(relay(body, abort))) : body);
+}
+
+/** A chat on a TGI replica: the prompt rendered from the model's template, the answer converted to OpenAI's shape. */
+async function tgiCompletionRoute(
+  api: Api,
+  reply: FastifyReply,
+  call: Call,
+  model: Extract<Service['model'], { format: 'tgi' }>,
+  chat: ChatRequest,
+  abort: ClientAbort,
+) {
+  const params = tgiParams(chat.body);
+  if (!model.chatTemplate) throw new ModelApiError(400, `Model ${model.name} has no chat template`);
+  const bosToken = model.bosToken ?? '';
+  const eosToken = model.eosToken ?? '';
+  const prompt = renderPrompt(model.chatTemplate, { messages: params.messages, bosToken, eosToken });
+  const stop = stopList(params.stop, model.eosToken);
+  const payload = JSON.stringify(tgiPayload(prompt, params, stop, chat.stream));
+  const ctx = { id: api.newId(), created: api.nowSec(), model: chat.model, stop };
+  const res = await call(chat.stream ? '/generate_stream' : '/generate', payload);
+  if (!chat.stream) {
+    const text = await readCapped(res.body, Number.POSITIVE_INFINITY).catch((err: unknown) => {
+      throw toModelError(err);
+    });
+    let data: unknown;
+    try {
+      data = JSON.parse(text);
+    } catch {
+      throw new ModelApiError(502, 'Invalid response from model: not JSON');
+    }
+    return reply.send(tgiCompletion(data, ctx));
+  }
+  const frames = await tgiFrames(streamOf(res.body), tgiStreamConverter({ ...ctx, includeUsage: chat.includeUsage }), abort);
+  return reply
+    .code(200)
+    .header('content-type', 'text/event-stream; charset=utf-8')
+    .header('cache-control', 'no-cache')
+    .header('x-accel-buffering', 'no')
+    .send(withErrorPath(Readable.from(frames)));
+}
+
+/**
+ * TGI's event stream as OpenAI's chunks. The first frames are read before this returns, so
+ * that an early failure is an HTTP error; a later one ends the stream with an SSE error event.
+ */
+async function tgiFrames(
+  body: Readable,
+  converter: ReturnType<typeof tgiStreamConverter>,
+  abort: ClientAbort,
+): Promise<AsyncGenerator<string>> {
+  const lines = dataLines(body)[Symbol.asyncIterator]();
+  const convert = (payload: string): string[] => {
+    let data: unknown;
+    try {
+      data = JSON.parse(payload);
+    } catch {
+      throw new ModelApiError(502, 'Invalid chunk in model stream: not JSON');
+    }
+    return converter.event(data);
+  };
+  const first: string[] = [];
+  try {
+    while (first.length === 0) {
+      const n = await lines.next();
+      if (n.done) break;
+      if (n.value !== '[DONE]') first.push(...convert(n.value));
+    }
+  } catch (err) {
+    body.destroy();
+    throw toModelError(err);
+  }
+  async function* frames(): AsyncGenerator<string> {
+    try {
+      yield* first;
+      for (;;) {
+        const n = await lines.next();
+        if (n.done) break;
+        if (n.value === '[DONE]') continue;
+        yield* convert(n.value);
+      }
+      if (!converter.done) throw new ModelApiError(502, 'The model stream ended before its final event');
+      yield DONE_FRAME;
+    } catch (err) {
+      if (!abort.aborted) yield errorFrame(toModelError(err));
+    } finally {
+      body.destroy();
+    }
+  }
+  return frames();
 }
 
 /** The replica's body as it arrives; a failure mid-SSE ends the stream with an error event. */
