@@ -157,16 +157,7 @@ describe('server-proxy: management routes on the network', () => {
   it('with --api-token-file behind a same-host relay: 401 without the token, 200 and served with it', async () => {
     const { url } = await start(['--port', '0', '--api-token-file', tokenFile]);
     const relay = await relayTo(url);
-    const via = (path: string, o: { method?: string; token?: string; body?: unknown } = {}): Promise<Reply> =>
-      send(`${relay}${path}`, {
-        method: o.method ?? 'GET',
-        localAddress: OUTSIDE,
-        headers: {
-          ...(o.body !== undefined ? { 'content-type': 'application/json' } : {}),
-          ...(o.token ? { authorization: `Bearer ${o.token}` } : {}),
-        },
-        ...(o.body !== undefined ? { body: JSON.stringify(o.body) } : {}),
-      });
+    const via = (path: string, o: { method?: string; token?: string; body?: unknown } = {}): Promise<Reply> => fromOutside(relay, path, o);
     for (const [method, path] of MANAGEMENT) {
       const r = await via(path, { method, ...(method === 'PUT' ? { body: document() } : {}) });
       expect(r.status, `${method} ${path}`).toBe(401);
