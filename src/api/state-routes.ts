@@ -10,6 +10,7 @@ import {
   hashSpec,
   parseDocument,
   redact,
+  shareUnchanged,
   validate,
   type DocumentFormat,
   type ProxyState,
@@ -35,11 +36,14 @@ export async function stateRoutes(app: FastifyInstance, { runtime, guard }: Stat
   app.put<{ Querystring: { dryRun?: string } }>('/api/v1/state', { onRequest: guard }, async (request) => {
     const format: DocumentFormat = YAML_TYPES.some((t) => (request.headers['content-type'] ?? '').startsWith(t)) ? 'yaml' : 'json';
     // The content parsers hand the body over as text; nothing else reaches here.
-    const next = parseAndValidate(typeof request.body === 'string' ? request.body : '', format);
+    const parsed = parseAndValidate(typeof request.body === 'string' ? request.body : '', format);
     const ifMatch = parseIfMatch(request.headers['if-match']);
     const dryRun = request.query.dryRun === 'true' || request.query.dryRun === '1';
 
     const current = await runtime.store.read();
+    // The services this PUT leaves as they were keep their stored objects: work and memory
+    // after it follow what changed, not the size of the document.
+    const next = shareUnchanged(parsed, current.state);
     if (ifMatch !== undefined && ifMatch !== current.generation) {
       throw new ProxyError('DP_ERR_GENERATION_MISMATCH', `If-Match is ${ifMatch}; the current generation is ${current.generation}`, {
         generation: current.generation,

@@ -2,7 +2,7 @@
 // whatever the key order or style of the input.
 
 import { createHash } from 'node:crypto';
-import type { ProxyState, ProxyStateSpec, Service } from './types.js';
+import { serviceKey, type ProxyState, type ProxyStateSpec, type Service } from './types.js';
 
 /**
  * Hash of a normalised state. normalise() builds every object in one fixed key order, so
@@ -75,4 +75,25 @@ export function canonicalJson(value: unknown): string {
     first = false;
   }
   return `${out}}`;
+}
+
+/**
+ * `next` with every service equal, byte for byte once normalised, to the one of the same key in
+ * `current` replaced by current's object. A whole-document PUT parses a new object for every
+ * service; sharing the untouched ones makes everything memoised per service object hit (its
+ * JSON here, the loops' desired objects, the rendered sites) and lets the parsed copies die
+ * young instead of living on as the served document. The hashed bytes do not change.
+ */
+export function shareUnchanged(next: ProxyState, current: ProxyState): ProxyState {
+  const before = new Map<string, Service>();
+  for (const s of current.spec.services) before.set(serviceKey(s), s);
+  let shared = 0;
+  const services = next.spec.services.map((s) => {
+    const old = before.get(serviceKey(s));
+    if (old === undefined || old === s || serviceJson(old) !== serviceJson(s)) return s;
+    shared++;
+    return old;
+  });
+  // The spread keeps the key order, so specJson gives the same text.
+  return shared === 0 ? next : { ...next, spec: { ...next.spec, services } };
 }
