@@ -41,6 +41,7 @@ import { domainsOf, hostRoutesOf } from './host-routes.js';
 import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
 import { replicaLoadStatus, sshMetricFamilies, type ReplicaLoadStatus } from './metrics.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
+import { SharedChains } from './shared-chains.js';
 
 export { replicaObjectKey, SSH_LOOP } from '../outputs.js';
 export type { ObservedSsh, Retiring, SshDesired, SshPayload } from './plan.js';
@@ -92,6 +93,12 @@ export interface SshLoopOptions {
   appHost?: string;
   /** ssh2 algorithm preferences (cipher order etc.). Default: ssh2's. */
   algorithms?: Algorithms;
+  /**
+   * Replicas reached through identical hops (host, port, user, key, pinned fingerprint) share
+   * one SSH connection, each request on its own channel (shared-chains.ts). Default true; false
+   * gives every replica its own connection.
+   */
+  shareConnections?: boolean;
   clock?: Clock;
   random?: () => number;
   /** The replicas' upstream pools: read timeout, keep-alive, connections per replica. */
@@ -148,6 +155,15 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),
   });
   const hostKeys = new HostKeyBook();
+  const chainOptions = {
+    hostKeys,
+    connectTimeoutMs: o.connectTimeoutMs ?? 10_000,
+    keepaliveIntervalMs: o.keepaliveIntervalMs ?? 15_000,
+    keepaliveCountMax: o.keepaliveCountMax ?? 3,
+    ...(o.algorithms ? { algorithms: o.algorithms } : {}),
+    share: o.shareConnections ?? true,
+  };
+  const chains = new SharedChains(chainOptions);
   const held = new Map<string, Held>();
   const retiring = new Map<string, Retiring>();
   const drainMs = o.drainMs ?? 30_000;
@@ -195,17 +211,13 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     } else {
       const tunnel = new ReplicaTunnel({
         target: t,
-        hostKeys,
+        chains,
         hostKeyScope: { policy: t.hostKeyPolicy ?? 'tofu', replicaId: d.id },
         clock,
         random,
         reconnect,
-        connectTimeoutMs: o.connectTimeoutMs ?? 10_000,
-        keepaliveIntervalMs: o.keepaliveIntervalMs ?? 15_000,
-        keepaliveCountMax: o.keepaliveCountMax ?? 3,
         probeIntervalMs: o.probeIntervalMs ?? 10_000,
         channelOpenTimeoutMs: o.channelOpenTimeoutMs ?? 10_000,
-        ...(o.algorithms ? { algorithms: o.algorithms } : {}),
         onState: (s) => {
           report(d, s);
           ctx.logger.info({ replica: d.id, service: d.serviceKey, reason: s.reason, ready: s.ready }, s.message);
@@ -421,7 +433,12 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     },
 
     metrics(): readonly MetricFamily[] {
-      return sshMetricFamilies(() => [...held].map(([id, h]) => [h.desired.serviceKey, id, h.state()]), reconnects, replicas);
+      return sshMetricFamilies(
+        () => [...held].map(([id, h]) => [h.desired.serviceKey, id, h.state()]),
+        reconnects,
+        replicas,
+        () => chains.size,
+      );
     },
 
     liveStatus(): Record<string, { load: ReplicaLoadStatus }> {

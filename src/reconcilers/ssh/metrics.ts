@@ -1,5 +1,6 @@
-// The SSH loop's metric families and live status: per replica its tunnel (up, reconnects) and
-// its requests (in flight, total), read from the data plane at each scrape or status request.
+// The SSH loop's metric families and live status: the SSH connections open, per replica its
+// tunnel (up, reconnects) and its requests (in flight, total), read from the data plane at each
+// scrape or status request.
 
 import type { Replicas } from '../../dataplane/index.js';
 import { replicaObjectKey } from '../outputs.js';
@@ -32,8 +33,20 @@ function loadsById(replicas: Replicas): Map<string, { service: string; replica: 
 /** [service, replica id, state] of every replica held. */
 type HeldTunnels = () => [string, string, TunnelState][];
 
-export function sshMetricFamilies(tunnels: HeldTunnels, reconnects: (id: string) => number, replicas: Replicas): MetricFamily[] {
+export function sshMetricFamilies(
+  tunnels: HeldTunnels,
+  reconnects: (id: string) => number,
+  replicas: Replicas,
+  connections: () => number,
+): MetricFamily[] {
   return [
+    {
+      name: 'ssh_connections',
+      help: 'SSH connections open; replicas reached through identical hops, user and key share one.',
+      type: 'gauge',
+      labelNames: [],
+      read: () => [[{}, connections()]],
+    },
     {
       name: 'tunnel_up',
       help: 'Per replica tunnel: 1 when Ready.',

@@ -32,6 +32,8 @@ export interface ChainOptions {
   keepaliveIntervalMs: number;
   keepaliveCountMax: number;
   algorithms?: Algorithms;
+  /** Told the host key hop `i` presented once it is accepted. */
+  onHostKey?: (i: number, keyBlob: Buffer) => void;
 }
 
 /** The path naming hop `i` for host-key bookkeeping. */
@@ -56,7 +58,8 @@ export async function connectChain(hops: readonly HopTarget[], o: ChainOptions):
           throw new SshConnectError('ConnectFailed', `${hopName(hop)} via ${endpointOf(hops, i - 1)}: ${safeMessage(err)}`);
         }
       }
-      clients.push(await connectHop(hop, sock, { endpoint: endpointOf(hops, i), destination: i === hops.length - 1 }, o));
+      const path = { endpoint: endpointOf(hops, i), destination: i === hops.length - 1 };
+      clients.push(await connectHop(hop, sock, path, o, (blob) => o.onHostKey?.(i, blob)));
     }
     return clients;
   } catch (err) {
@@ -65,7 +68,13 @@ export async function connectChain(hops: readonly HopTarget[], o: ChainOptions):
   }
 }
 
-function connectHop(hop: HopTarget, sock: Duplex | undefined, path: HopOnPath, o: ChainOptions): Promise<Client> {
+function connectHop(
+  hop: HopTarget,
+  sock: Duplex | undefined,
+  path: HopOnPath,
+  o: ChainOptions,
+  accepted: (keyBlob: Buffer) => void,
+): Promise<Client> {
   return new Promise((resolve, reject) => {
     const client = new Client();
     // Hop 0: our own TCP socket, so that its writes can be coalesced (see coalesceWrites).
@@ -110,7 +119,10 @@ function connectHop(hop: HopTarget, sock: Duplex | undefined, path: HopOnPath, o
         ...(o.algorithms ? { algorithms: o.algorithms } : {}),
         hostVerifier: (key: Buffer): boolean => {
           const verdict = o.hostKeys.check(path, key, hop.hostKeyFingerprint, o.hostKeyScope);
-          if (verdict.ok) return true;
+          if (verdict.ok) {
+            accepted(key);
+            return true;
+          }
           mismatch = verdict.message;
           return false;
         },
@@ -145,6 +157,12 @@ export function coalesceWrites(sock: Socket): Socket {
     return write(chunk);
   }) as Socket['write'];
   return sock;
+}
+
+/** A polite disconnect, then the socket is destroyed in case the peer no longer answers. */
+export function endClient(c: Client): void {
+  c.end();
+  setTimeout(() => c.destroy(), 1_000).unref();
 }
 
 /** Opens a direct-tcpip channel to host:port; rejects after timeoutMs (and closes a late one). */

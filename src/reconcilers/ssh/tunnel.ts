@@ -1,13 +1,15 @@
-// One replica's SSH connection with its lifecycle: connect the hop chain → probe a channel to
-// the app port → Ready. Lost connections (socket closed, keepalive missed) reconnect with
-// exponential backoff and jitter until close(). The app port is probed again every
+// One replica's SSH tunnel with its lifecycle: hold a connection along its hop chain (its own,
+// or one shared with tunnels that would open an identical one: shared-chains.ts) → probe a
+// channel to the app port → Ready. Lost connections (socket closed, keepalive missed) reconnect
+// with exponential backoff and jitter until close(). The app port is probed again every
 // probeIntervalMs, and at once after a channel open failed.
 
 import type { Duplex } from 'node:stream';
-import type { Client } from 'ssh2';
 import { nextDelay, type BackoffPolicy } from '../backoff.js';
 import type { Clock, TimerHandle } from '../../clock.js';
-import { connectChain, forwardOut, safeMessage, SshConnectError, type ChainOptions } from './ssh-chain.js';
+import type { HostKeyScope } from './host-keys.js';
+import type { ChainLease, SharedChains } from './shared-chains.js';
+import { forwardOut, safeMessage, SshConnectError } from './ssh-chain.js';
 import type { ReplicaTarget } from './targets.js';
 
 export type TunnelReason =
@@ -19,21 +21,25 @@ export interface TunnelState {
   message: string;
 }
 
-export interface TunnelOptions extends ChainOptions {
+export interface TunnelOptions {
   target: Extract<ReplicaTarget, { kind: 'ssh' }>;
+  /** Where connections come from (and are shared). */
+  chains: SharedChains;
+  /** The replica's host-key policy and id. */
+  hostKeyScope: HostKeyScope;
   clock: Clock;
   reconnect: BackoffPolicy;
   random: () => number;
   probeIntervalMs: number;
   channelOpenTimeoutMs: number;
   onState: (state: TunnelState) => void;
-  /** Called after every completed handshake of the whole chain. */
+  /** Called every time the tunnel holds a connection of the whole chain again. */
   onConnected?: () => void;
 }
 
 export class ReplicaTunnel {
   readonly #o: TunnelOptions;
-  #clients: Client[] = [];
+  #lease: ChainLease | null = null;
   #state: TunnelState = { ready: false, reason: 'Connecting', message: 'connecting' };
   #attempts = 0;
   #timer: TimerHandle | null = null;
@@ -68,7 +74,7 @@ export class ReplicaTunnel {
    * prompt-ack.ts now does that for every connection).
    */
   async open(): Promise<Duplex> {
-    const last = this.#clients[this.#clients.length - 1];
+    const last = this.#lease?.clients.at(-1);
     if (!this.#state.ready || last === undefined) throw new Error('replica is not ready');
     const epoch = this.#epoch;
     try {
@@ -92,18 +98,13 @@ export class ReplicaTunnel {
     if (this.#closed) return;
     const epoch = ++this.#epoch;
     try {
-      const clients = await connectChain(this.#o.target.hops, this.#o);
+      const lease = await this.#o.chains.acquire(this.#o.target.hops, this.#o.hostKeyScope, (why) => this.#lost(epoch, why));
       if (this.#closed || epoch !== this.#epoch) {
-        for (const c of clients.reverse()) c.end();
+        lease.release();
         return;
       }
-      this.#clients = clients;
+      this.#lease = lease;
       this.#attempts = 0;
-      for (const c of clients) c.once('close', () => this.#lost(epoch, 'connection closed'));
-      // A hop behind a jump host whose sshd went away ends (the jump host half-closes the
-      // channel) without closing: ssh2 stops its keepalive then, so nothing else would notice.
-      for (const c of clients) c.once('end', () => this.#lost(epoch, 'connection ended'));
-      for (const c of clients) c.on('error', (err) => this.#lost(epoch, safeMessage(err)));
       this.#o.onConnected?.();
       await this.#probe(epoch);
     } catch (err) {
@@ -129,7 +130,7 @@ export class ReplicaTunnel {
   }
 
   async #probe(epoch: number): Promise<void> {
-    const last = this.#clients[this.#clients.length - 1];
+    const last = this.#lease?.clients.at(-1);
     if (last === undefined || epoch !== this.#epoch || this.#closed) return;
     const { appHost, appPort } = this.#o.target;
     try {
@@ -162,8 +163,8 @@ export class ReplicaTunnel {
     this.#epoch++;
     for (const t of [this.#timer, this.#probeTimer]) if (t !== null) this.#o.clock.clearTimeout(t);
     this.#timer = this.#probeTimer = null;
-    for (const c of this.#clients.reverse()) endClient(c);
-    this.#clients = [];
+    this.#lease?.release();
+    this.#lease = null;
   }
 
   #set(s: TunnelState): void {
@@ -171,10 +172,4 @@ export class ReplicaTunnel {
     this.#state = s;
     if (prev.ready !== s.ready || prev.reason !== s.reason || prev.message !== s.message) this.#o.onState(s);
   }
-}
-
-/** A polite disconnect, then the socket is destroyed in case the peer no longer answers. */
-function endClient(c: Client): void {
-  c.end();
-  setTimeout(() => c.destroy(), 1_000).unref();
 }

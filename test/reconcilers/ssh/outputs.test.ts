@@ -46,8 +46,14 @@ describe('SSH loop outputs', () => {
     expect(h.replicaKeys()).toEqual(['main/app/d1', 'main/other/d2']);
   });
 
-  it('metrics() gives tunnel_up and tunnel_reconnects_total per replica held', async () => {
+  it('metrics() gives ssh_connections, and tunnel_up and tunnel_reconnects_total per replica held', async () => {
     expect(await read(h!.loop.metrics())).toEqual({
+      ssh_connections: {
+        help: 'SSH connections open; replicas reached through identical hops, user and key share one.',
+        type: 'gauge',
+        labelNames: [],
+        samples: [[{}, 0]], // these replicas are direct: no SSH
+      },
       tunnel_up: {
         help: 'Per replica tunnel: 1 when Ready.',
         type: 'gauge',
@@ -114,7 +120,12 @@ describe('SSH loop outputs', () => {
     await h!.controller.stop();
     expect(existsSync(socketPath)).toBe(false);
     expect(h!.loop.balancer.listening()).toEqual([]);
-    expect(await h!.loop.metrics()[0]!.read()).toEqual([]);
+    expect(
+      await h!.loop
+        .metrics()
+        .find((f) => f.name === 'tunnel_up')!
+        .read(),
+    ).toEqual([]);
     await h!.loop.close(); // a second close is harmless
   });
 });
