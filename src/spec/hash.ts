@@ -34,26 +34,30 @@ export function serviceJson(service: Service): string {
   return text;
 }
 
-/** JSON.stringify(spec), byte for byte, with the services' texts memoised. */
-export function specJson(spec: ProxyStateSpec): string {
+/**
+ * JSON.stringify(spec), byte for byte, with the services' texts memoised. `between` goes between
+ * two services instead of a bare comma (a newline keeps a stored file readable a service a line);
+ * the text then parses to the same value but is no longer the bytes hashed.
+ */
+export function specJson(spec: ProxyStateSpec, between = ','): string {
   let out = '{';
   for (const key of Object.keys(spec)) {
     const value = (spec as unknown as Record<string, unknown>)[key];
-    const text = key === 'services' && Array.isArray(value) ? servicesJson(value as Service[]) : JSON.stringify(value);
+    const text = key === 'services' && Array.isArray(value) ? servicesJson(value as Service[], between) : JSON.stringify(value);
     if (text === undefined) continue; // undefined (or a function) is left out, as JSON.stringify does
     out += `${out.length > 1 ? ',' : ''}${JSON.stringify(key)}:${text}`;
   }
   return `${out}}`;
 }
 
-function servicesJson(services: Service[]): string {
-  let out = '[';
+function servicesJson(services: Service[], between: string): string {
+  const parts: string[] = new Array<string>(services.length);
   for (let i = 0; i < services.length; i++) {
     const s = services[i];
     // JSON.stringify writes null for a hole or undefined; a service is always an object.
-    out += (i ? ',' : '') + (s !== null && typeof s === 'object' ? serviceJson(s) : (JSON.stringify(s) ?? 'null'));
+    parts[i] = s !== null && typeof s === 'object' ? serviceJson(s) : (JSON.stringify(s) ?? 'null');
   }
-  return `${out}]`;
+  return `[${parts.join(between)}]`;
 }
 
 /** JSON with object keys sorted; undefined members dropped, as JSON.stringify does. */

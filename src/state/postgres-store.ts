@@ -11,7 +11,7 @@ import { emptyState, hashSpec, type ProxyState } from '../spec/index.js';
 import { PgListener } from './postgres-listener.js';
 import { mismatch } from './store.js';
 import type { StoredState, WriteOptions, WriteResult } from './store.js';
-import { RowTracker, documentOf, type ChangeListener, type RawRow, type StoreHealth, type WatchedStateStore } from './watched-store.js';
+import { RowTracker, documentJson, type ChangeListener, type RawRow, type StoreHealth, type WatchedStateStore } from './watched-store.js';
 import { Watching } from './watching.js';
 
 export const PG_CHANNEL = 'dstack_proxy_state';
@@ -118,7 +118,7 @@ async function migrate(pool: pg.Pool): Promise<void> {
           if (m.version === 1) {
             const empty = emptyState();
             await client.query('INSERT INTO proxy_state (id, generation, document, hash) VALUES (1, 0, $1::jsonb, $2)', [
-              JSON.stringify(documentOf(empty)),
+              documentJson(empty),
               hashSpec(empty),
             ]);
           }
@@ -205,7 +205,7 @@ class PostgresStore implements WatchedStateStore {
       const generation = row.generation + 1;
       const res = await client.query(
         'UPDATE proxy_state SET generation = $1, document = $2::jsonb, hash = $3, updated_at = $4 WHERE id = 1 AND generation = $5',
-        [generation, JSON.stringify(documentOf(state)), hash, updatedAt, row.generation],
+        [generation, documentJson(state), hash, updatedAt, row.generation],
       );
       if (res.rowCount !== 1) throw mismatch(ifMatch ?? row.generation, row.generation);
       await client.query('COMMIT'); // the trigger's NOTIFY is delivered now, with the commit

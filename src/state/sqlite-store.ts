@@ -11,7 +11,7 @@ import type { Logger } from 'pino';
 import { ProxyError } from '../errors.js';
 import { emptyState, hashSpec, type ProxyState } from '../spec/index.js';
 import type { StoredState, WriteOptions, WriteResult } from './store.js';
-import { RowTracker, documentOf, type ChangeListener, type RawRow, type StoreHealth, type WatchedStateStore } from './watched-store.js';
+import { RowTracker, documentJson, type ChangeListener, type RawRow, type StoreHealth, type WatchedStateStore } from './watched-store.js';
 import { Watching } from './watching.js';
 
 export interface SqliteStoreOptions {
@@ -53,7 +53,7 @@ const MIGRATIONS: Migration[] = [
       `);
       const empty = emptyState();
       db.prepare('INSERT INTO proxy_state (id, generation, document, hash, updated_at) VALUES (1, 0, ?, ?, NULL)').run(
-        JSON.stringify(documentOf(empty)),
+        documentJson(empty),
         hashSpec(empty),
       );
     },
@@ -153,7 +153,7 @@ class SqliteStore implements WatchedStateStore {
       if (ifMatch !== undefined && ifMatch !== row.generation) throw mismatch(ifMatch, row.generation);
       if (this.tracker.hashOf(row) === hash) return { unchanged: row };
       const generation = row.generation + 1;
-      const info = this.update.run(generation, JSON.stringify(documentOf(state)), hash, updatedAt, row.generation);
+      const info = this.update.run(generation, documentJson(state), hash, updatedAt, row.generation);
       // Unreachable under BEGIN IMMEDIATE; kept so the statement alone carries the contract.
       if (info.changes !== 1) throw mismatch(ifMatch ?? row.generation, row.generation);
       return { written: generation };

@@ -4,7 +4,7 @@
 // document stays current and health() says why (RowTracker below does that bookkeeping).
 
 import type { Logger } from 'pino';
-import { SpecError, formatIssue, hashSpec, parseJsonText, validate, type SpecIssue } from '../spec/index.js';
+import { SpecError, formatIssue, hashSpec, parseJsonText, specJson, validate, type SpecIssue } from '../spec/index.js';
 import type { StateStore, StoredState } from './store.js';
 
 export type StoreKind = 'file' | 'sqlite' | 'postgres';
@@ -198,7 +198,11 @@ function checkRow(row: RawRow): Checked {
   return { ok: true, state: { generation: row.generation, hash: hashSpec(state), state, updatedAt: row.updatedAt } };
 }
 
-/** The stored form of a document: apiVersion, kind and spec (metadata lives in columns). */
-export function documentOf(state: StoredState['state']): { apiVersion: string; kind: string; spec: unknown } {
-  return { apiVersion: state.apiVersion, kind: state.kind, spec: state.spec };
+/**
+ * The stored form of a document, as JSON: apiVersion, kind and spec (metadata lives in columns).
+ * The services' texts are those memoised for the document hash: a write in which one service
+ * changed serialises that one.
+ */
+export function documentJson(state: StoredState['state']): string {
+  return `{"apiVersion":${JSON.stringify(state.apiVersion)},"kind":${JSON.stringify(state.kind)},"spec":${specJson(state.spec)}}`;
 }
