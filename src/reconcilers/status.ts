@@ -70,11 +70,8 @@ export class StatusStore {
         const keepSet = new Set(keep);
         for (const key of [...this.#objects.keys()]) if (!keepSet.has(key)) this.deleteObject(key);
       },
-      get: (key) => {
-        const c = this.#objects.get(key)?.conditions;
-        return c === undefined ? undefined : structuredClone(c);
-      },
-      // Frozen when stored: no copy needed.
+      // Frozen when stored, conditions and outputs alike: no copy needed.
+      get: (key) => this.#objects.get(key)?.conditions,
       outputs: (key) => this.#objects.get(key)?.outputs,
       keys: () => [...this.#objects.keys()].sort(),
     };
@@ -98,6 +95,7 @@ export class StatusStore {
 
 /** Stored entries are shared by every snapshot: never changed, replaced on a write. */
 function frozenEntry(conditions: readonly Condition[], outputs: Outputs | undefined): Entry {
+  for (const c of conditions) Object.freeze(c);
   Object.freeze(conditions);
   return Object.freeze(outputs === undefined ? { conditions } : { conditions, outputs });
 }

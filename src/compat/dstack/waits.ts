@@ -72,6 +72,18 @@ function tunnelMessage(c: Condition): string {
 }
 
 /**
+ * Whether `ready` speaks for `generation`: written at it or later, or kept from before by a
+ * loop that has since finished a pass at it. A loop writes an object's status only when
+ * something about the object changes, so an object the new generation left as it was keeps its
+ * older observedGeneration.
+ */
+function currentAt(s: LoopsView, loop: string, ready: Condition, generation: number): boolean {
+  if ((ready.observedGeneration ?? -1) >= generation) return true;
+  const loopReady = s.loops[loop] ? findCondition(s.loops[loop].conditions, 'Ready') : undefined;
+  return (loopReady?.observedGeneration ?? -1) >= generation;
+}
+
+/**
  * A replica registered at `generation`: Ready there (the SSH loop held it at that generation
  * or later, and its tunnel and app port answer), or a failure no retry will fix. Connect
  * failures and an unreachable app port keep waiting: the tunnel retries by itself.
@@ -80,7 +92,7 @@ export function replicaCheck(serviceKey: string, id: string, generation: number)
   const key = replicaObjectKey(serviceKey, id);
   return (s) => {
     const ready = readyOf(s, SSH_LOOP, key);
-    if (ready === undefined || (ready.observedGeneration ?? -1) < generation) return undefined;
+    if (ready === undefined || !currentAt(s, SSH_LOOP, ready, generation)) return undefined;
     if (ready.status === 'True') return { kind: 'ready' };
     if (DEFINITIVE_REPLICA_REASONS.has(ready.reason)) return { kind: 'failed', reason: `${ready.reason}: ${tunnelMessage(ready)}` };
     return undefined;

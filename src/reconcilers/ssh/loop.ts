@@ -290,23 +290,16 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       };
     },
 
+    // The status is written where it changes (a replica held or dropped, a tunnel's report, a
+    // socket opened or closed), not restated here: a pass costs what changed, not one write
+    // per replica. An object left as it was keeps its observedGeneration; the loop's own Ready
+    // condition says which generation its last pass saw.
     async observe(ctx: LoopContext): Promise<ObservedSsh> {
       const replicas = new Map<string, { serviceKey: string; fingerprint: string }>();
-      const keep: string[] = [];
       for (const [id, h] of held) {
         if (!retiring.get(h.desired.serviceKey)?.replicas.has(id))
           replicas.set(id, { serviceKey: h.desired.serviceKey, fingerprint: h.desired.fingerprint });
-        const key = replicaObjectKey(h.desired.serviceKey, id);
-        keep.push(key);
-        const st = h.state();
-        ctx.status.set(key, { type: 'Ready', status: st.ready ? 'True' : 'False', reason: st.reason, message: st.message });
-        ctx.status.setOutputs(key, { reconnects: reconnects(id) } satisfies ReplicaTunnelOutputs);
       }
-      for (const sk of balancer.listening()) {
-        keep.push(sk);
-        ctx.status.setOutputs(sk, socketOutputs(sk));
-      }
-      ctx.status.prune(keep);
       return {
         services: new Set(balancer.listening()),
         replicas,
