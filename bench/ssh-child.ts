@@ -27,7 +27,9 @@ function send(msg: unknown): void {
 }
 
 async function start(m: ChildStart): Promise<void> {
-  const loop = createSshLoop({ stateDir: m.stateDir, appHost: '127.0.0.1' });
+  // Every replica behind the one bench server stands for a replica on a machine of its own: a
+  // connection each, as a fleet of distinct hosts has (shared, they would all be one connection).
+  const loop = createSshLoop({ stateDir: m.stateDir, appHost: '127.0.0.1', shareConnections: false });
   const controller = new Controller({
     loops: [loop as unknown as AnyLoop],
     getSpec: () => ({ state: m.spec, generation: 1 }),
