@@ -59,8 +59,15 @@ export async function startTestNginx(opts: { start?: boolean; main?: MainConfOpt
   };
 }
 
-/** Poll `check` until it returns a value (not undefined) or the deadline passes. */
-export async function eventually<T>(check: () => Promise<T | undefined> | T | undefined, timeoutMs = 10_000): Promise<T> {
+/**
+ * Poll `check` until it returns a value (not undefined) or the deadline passes. `false` would be
+ * a value, and the wait would end at once on a condition not yet met: a check returns `true`
+ * or undefined (`cond || undefined`), which the type holds it to.
+ */
+export async function eventually<T extends object | string | number | true>(
+  check: () => Promise<T | undefined> | T | undefined,
+  timeoutMs = 10_000,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let lastErr: unknown;
   for (;;) {
