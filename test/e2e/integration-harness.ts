@@ -214,7 +214,9 @@ export function parsePrometheus(text: string): Sample[] {
     const labels: Record<string, string> = {};
     for (const l of (m[2] ?? '').matchAll(LABEL_RE)) labels[l[1]!] = l[2]!;
     const value = Number(m[3] === '+Inf' ? Infinity : m[3] === '-Inf' ? -Infinity : m[3]);
-    if (Number.isNaN(value) && m[3] !== 'NaN') throw new Error(`bad sample value in: ${line}`);
+    // prom-client writes NaN as `Nan` (an event-loop lag mean before its first sample);
+    // Prometheus reads NaN in any case, as Go's ParseFloat does.
+    if (Number.isNaN(value) && m[3]?.toLowerCase() !== 'nan') throw new Error(`bad sample value in: ${line}`);
     out.push({ name: m[1]!, labels, value });
   }
   return out;
