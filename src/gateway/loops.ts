@@ -82,6 +82,7 @@ export function gatewayLoops(
   });
   const nginx = createNginxLoop({
     confDir: host.confDir,
+    verifyEveryMs: options.resyncInterval * 1000,
     mainConfPath: host.mainConfPath,
     test: host.test,
     reload: host.reload,

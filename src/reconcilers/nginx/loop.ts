@@ -4,6 +4,7 @@
 // nginx's own error line when a site is held back.
 
 import { createHash } from 'node:crypto';
+import { join } from 'node:path';
 import { TerminalError } from '../../errors.js';
 import type { ProxyState, Service } from '../../spec/types.js';
 import type { Action, BatchOutcome, Loop, LoopContext, MetricFamily, StatusSnapshot, StatusWriter } from '../types.js';
@@ -29,6 +30,12 @@ import { certificateOutputs, NGINX_LOOP, TLS_LOOP } from '../outputs.js';
 export interface NginxLoopOptions {
   /** The managed conf dir (global file + sites/), included by the main conf. */
   confDir: string;
+  /**
+   * How often a pass stats every owned file to find hand edits; passes in between list the
+   * directory and trust what they read or wrote. Default 60 s; the gateway uses its resync
+   * interval, so a resync repairs drift as before.
+   */
+  verifyEveryMs?: number;
   mainConfPath: string;
   view: Omit<ViewOptions, 'certFor' | 'upstreamFor'>;
   test: (confPath: string) => Promise<TestResult>;
@@ -118,6 +125,26 @@ export function createNginxLoop(
   if (!(minReloadIntervalMs >= 0)) throw new TypeError('minReloadIntervalMs must be >= 0');
   /** The owned files as last read: a pass re-reads only the files whose stat changed. */
   const texts: TextCache = new Map();
+  // Between two verifications a pass trusts the cache for the files it holds: it lists the
+  // directory (a file added or removed is seen at once) and stats only new names, instead of
+  // every site on every pass. A hand edit of an owned file is found by the next verification,
+  // as the periodic resync finds drift. Our own writes are dropped from the cache, so they are
+  // read back.
+  const verifyEveryMs = o.verifyEveryMs ?? 60_000;
+  let verifiedAt = -Infinity;
+  const readConf = async (ctx: LoopContext): Promise<OwnedFiles> => {
+    const now = ctx.clock.now();
+    const verify = now - verifiedAt >= verifyEveryMs;
+    const files = await readOwned(o.confDir, texts, !verify);
+    if (verify) verifiedAt = now;
+    return files;
+  };
+  /** The config hash with the texts it was computed from: computed again only when one changed. */
+  let hashed: { files: Map<string, string>; hash: string } | null = null;
+  const hashOf = (files: Map<string, string>): string => {
+    if (hashed === null || !sameTexts(hashed.files, files)) hashed = { files, hash: configHash(files) };
+    return hashed.hash;
+  };
   /** Sites of a reload whose previous workers still accepted at its deadline: not Applied yet. */
   let unconfirmed: { check: ReloadUnconfirmed; keys: Set<string> } | null = null;
   /** The foreign files as last observed: a test of the changed sites keeps them in. */
@@ -164,10 +191,10 @@ export function createNginxLoop(
         // Forget it once the status says so (a dry run's observe writes nothing).
         if (![...unconfirmed.keys].some(waiting)) unconfirmed = null;
       }
-      const observed = await readOwned(o.confDir, texts);
+      const observed = await readConf(ctx);
       const { owned } = observed;
       foreign = observed.foreign;
-      stats.configHash = configHash(owned);
+      stats.configHash = hashOf(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
       // Sites held back before they ever reached the disk keep their rejection on record
       // until the controller releases their key (released() below).
@@ -256,7 +283,9 @@ export function createNginxLoop(
       });
       if (result.rolledBack) testWholeTree = true;
       else if (result.reloaded) testWholeTree = false;
-      stats.configHash = configHash((await readOwned(o.confDir, texts)).owned);
+      // What this batch wrote (or rolled back) is read back; the rest is as the pass observed it.
+      for (const c of changes) texts.delete(join(o.confDir, c.name));
+      stats.configHash = hashOf((await readOwned(o.confDir, texts, true)).owned);
       if (result.unconfirmed) {
         unconfirmed = { check: result.unconfirmed, keys: new Set([...(unconfirmed?.keys ?? []), ...result.applied.map(objectKey)]) };
         ctx.logger.warn({ files: result.applied.length }, result.unconfirmed.unconfirmed);
@@ -354,6 +383,13 @@ function served(): ReadyCondition {
 function markApplied(status: StatusWriter, key: string, ready: ReadyCondition): void {
   status.set(key, ready);
   status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
+}
+
+/** The same names with the same texts (a text read once is the same string object: cheap). */
+function sameTexts(a: Map<string, string>, b: Map<string, string>): boolean {
+  if (a.size !== b.size) return false;
+  for (const [name, text] of a) if (b.get(name) !== text) return false;
+  return true;
 }
 
 function configHash(files: Map<string, string>): string {

@@ -1,7 +1,8 @@
 // The Nginx loop tests the changed sites alone (the reload parses every site anyway); after a
-// reload Nginx refused, its next apply tests the whole tree.
+// reload Nginx refused, its next apply tests the whole tree. Between two verifications a pass
+// lists the conf dir but stats no owned file.
 
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir, readFile, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -9,6 +10,7 @@ import { Controller } from '../../../src/reconcilers/controller.js';
 import { createNginxLoop } from '../../../src/reconcilers/nginx/loop.js';
 import type { AnyLoop } from '../../../src/reconcilers/types.js';
 import { emptyState, type ProxyState } from '../../../src/spec/types.js';
+import { FakeClock } from '../../helpers/fake-clock.js';
 import { request } from '../../helpers/http.js';
 import { eventually, startTestNginx, type TestNginx } from '../../helpers/nginx.js';
 import { service } from './fixtures.js';
@@ -124,5 +126,51 @@ describe('Nginx loop: sites rendered again only when their inputs change', () =>
     check(s);
     view.httpPort = 8081; // the view options changed: every site again
     check(s);
+  });
+});
+
+describe('Nginx loop: owned files stat-checked at verification, listed on every pass', () => {
+  it('repairs a deleted site at the next pass and a hand-edited one at the next verification', async () => {
+    const clock = new FakeClock();
+    const state = withServices(2);
+    const loop = createNginxLoop({
+      confDir: ng.paths.confDir,
+      mainConfPath: ng.paths.confPath,
+      verifyEveryMs: 60_000,
+      test: ng.test,
+      reload: () => ng.reload(),
+      view: { httpPort: ng.httpPort, httpsPort: ng.httpsPort, acmeWebroot: ng.acmeWebroot, accessLogPath: ng.accessLogPath },
+    });
+    const controller = new Controller({
+      loops: [loop] as unknown as AnyLoop[],
+      getSpec: () => ({ state, generation: 1 }),
+      clock,
+      resyncIntervalMs: 3_600_000,
+      logger: pino({ level: 'silent' }),
+    });
+    const site = (n: number): string => join(ng.paths.confDir, 'sites', `s${n}.gw.test.conf`);
+    try {
+      await controller.start();
+      const s0 = await readFile(site(0), 'utf8');
+      const s1 = await readFile(site(1), 'utf8');
+
+      // An edit that keeps the file ours: between verifications no pass stats it.
+      const edited = s0.replace(/client_max_body_size \d+;/, 'client_max_body_size 1;');
+      expect(edited).not.toBe(s0);
+      await writeFile(site(0), edited);
+      // A removal: the listing of every pass sees it.
+      await unlink(site(1));
+      await controller.reconcileAll();
+      expect(await readFile(site(1), 'utf8')).toBe(s1);
+      expect(await readFile(site(0), 'utf8')).toBe(edited);
+
+      // The verification after the interval finds the edit.
+      clock.advance(60_000);
+      await controller.reconcileAll();
+      expect(await readFile(site(0), 'utf8')).toBe(s0);
+      expect((await request({ port: ng.httpPort, host: 's0.gw.test' })).status).toBe(503); // served: no replica
+    } finally {
+      await controller.stop();
+    }
   });
 });
