@@ -59,6 +59,7 @@ export function gatewayLoops(
     ...(workerDirs.gid !== null ? { socketGid: workerDirs.gid, socketMode: 0o660 } : {}),
     keepaliveIntervalMs: options.sshKeepaliveInterval * 1000,
     keepaliveCountMax: options.sshKeepaliveCountMax,
+    shareConnections: options.sshShareConnections === 'true',
     drainMs: options.drainPeriod * 1000,
     // One socket, one upstream and keep-alive pool in Nginx, whatever the number of services.
     sharedSocket: true,

@@ -36,6 +36,7 @@ export interface GatewayOptions {
   insecureOpenApi: 'true' | 'false';
   sshKeepaliveInterval: number;
   sshKeepaliveCountMax: number;
+  sshShareConnections: 'true' | 'false';
   drainPeriod: number;
   serverUrl: string | undefined;
   authCacheTtl: number;
@@ -159,6 +160,12 @@ export const OPTION_SPECS = {
     kind: 'count',
     default: 3,
     help: 'unanswered keepalives after which a replica connection counts as dead and leaves rotation',
+  },
+  sshShareConnections: {
+    kind: 'enum',
+    values: ['true', 'false'],
+    default: 'true',
+    help: "`true`: replicas reached through identical hops (host, port, user, key, pinned fingerprint) share one SSH connection, each request on its own channel, as OpenSSH's ControlMaster does; `false`: a connection per replica (a jump host that limits channels per connection)",
   },
   drainPeriod: { kind: 'seconds', default: 30, help: "seconds a removed replica's open connections may finish before they are closed" },
   certbotBin: { kind: 'string', default: 'certbot', help: 'the certbot program' },
