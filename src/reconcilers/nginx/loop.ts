@@ -3,24 +3,14 @@
 // swap the rest in and reload once (apply.ts). Status per site: `Ready`, and `Degraded` with
 // nginx's own error line when a site is held back.
 
-import { createHash } from 'node:crypto';
-import { join } from 'node:path';
 import { TerminalError } from '../../errors.js';
 import type { ProxyState, Service } from '../../spec/types.js';
 import type { Action, BatchOutcome, Loop, LoopContext, MetricFamily, StatusSnapshot, StatusWriter } from '../types.js';
-import {
-  applyFiles,
-  diffFiles,
-  readOwned,
-  removeApplyLeftovers,
-  unifiedDiff,
-  type FileChange,
-  type OwnedFiles,
-  type TextCache,
-} from './apply.js';
+import { applyFiles, diffFiles, removeApplyLeftovers, unifiedDiff, type FileChange, type OwnedFiles } from './apply.js';
 import { GLOBAL_FILE, SITES_SUBDIR } from './names.js';
 import type { NginxProcessInfo, ReloadHint, ReloadOutcome, ReloadUnconfirmed, TestResult } from './nginx-process.js';
 import { nginxMetricFamilies } from './metrics.js';
+import { OwnedConf } from './owned-conf.js';
 import { siteRenders } from './site-renders.js';
 import type { CertPaths, UpstreamTarget, ViewOptions } from './view.js';
 
@@ -123,28 +113,8 @@ export function createNginxLoop(
   };
   const minReloadIntervalMs = o.minReloadIntervalMs ?? 0;
   if (!(minReloadIntervalMs >= 0)) throw new TypeError('minReloadIntervalMs must be >= 0');
-  /** The owned files as last read: a pass re-reads only the files whose stat changed. */
-  const texts: TextCache = new Map();
-  // Between two verifications a pass trusts the cache for the files it holds: it lists the
-  // directory (a file added or removed is seen at once) and stats only new names, instead of
-  // every site on every pass. A hand edit of an owned file is found by the next verification,
-  // as the periodic resync finds drift. Our own writes are dropped from the cache, so they are
-  // read back.
-  const verifyEveryMs = o.verifyEveryMs ?? 60_000;
-  let verifiedAt = -Infinity;
-  const readConf = async (ctx: LoopContext): Promise<OwnedFiles> => {
-    const now = ctx.clock.now();
-    const verify = now - verifiedAt >= verifyEveryMs;
-    const files = await readOwned(o.confDir, texts, !verify);
-    if (verify) verifiedAt = now;
-    return files;
-  };
-  /** The config hash with the texts it was computed from: computed again only when one changed. */
-  let hashed: { files: Map<string, string>; hash: string } | null = null;
-  const hashOf = (files: Map<string, string>): string => {
-    if (hashed === null || !sameTexts(hashed.files, files)) hashed = { files, hash: configHash(files) };
-    return hashed.hash;
-  };
+  /** The owned files as last read, checked against the disk once per verifyEveryMs. */
+  const conf = new OwnedConf(o.confDir, o.verifyEveryMs ?? 60_000);
   /** Sites of a reload whose previous workers still accepted at its deadline: not Applied yet. */
   let unconfirmed: { check: ReloadUnconfirmed; keys: Set<string> } | null = null;
   /** The foreign files as last observed: a test of the changed sites keeps them in. */
@@ -191,10 +161,10 @@ export function createNginxLoop(
         // Forget it once the status says so (a dry run's observe writes nothing).
         if (![...unconfirmed.keys].some(waiting)) unconfirmed = null;
       }
-      const observed = await readConf(ctx);
+      const observed = await conf.read(ctx.clock.now());
       const { owned } = observed;
       foreign = observed.foreign;
-      stats.configHash = hashOf(owned);
+      stats.configHash = conf.hash(owned);
       // Sites already on disk (adopted at start, or unchanged since) are serving: say so once.
       // Sites held back before they ever reached the disk keep their rejection on record
       // until the controller releases their key (released() below).
@@ -224,7 +194,7 @@ export function createNginxLoop(
 
     async released(names: string[], ctx: LoopContext): Promise<void> {
       // A failing file that is no longer planned: gone from the document, or on disk as desired.
-      const { owned } = await readOwned(o.confDir, texts);
+      const { owned } = await conf.verify();
       for (const name of names) {
         const key = objectKey(name);
         if (!owned.has(name)) ctx.status.delete(key);
@@ -284,8 +254,7 @@ export function createNginxLoop(
       if (result.rolledBack) testWholeTree = true;
       else if (result.reloaded) testWholeTree = false;
       // What this batch wrote (or rolled back) is read back; the rest is as the pass observed it.
-      for (const c of changes) texts.delete(join(o.confDir, c.name));
-      stats.configHash = hashOf((await readOwned(o.confDir, texts, true)).owned);
+      stats.configHash = conf.hash((await conf.afterWrite(changes.map((c) => c.name))).owned);
       if (result.unconfirmed) {
         unconfirmed = { check: result.unconfirmed, keys: new Set([...(unconfirmed?.keys ?? []), ...result.applied.map(objectKey)]) };
         ctx.logger.warn({ files: result.applied.length }, result.unconfirmed.unconfirmed);
@@ -383,19 +352,6 @@ function served(): ReadyCondition {
 function markApplied(status: StatusWriter, key: string, ready: ReadyCondition): void {
   status.set(key, ready);
   status.set(key, { type: 'Degraded', status: 'False', reason: 'Applied', message: '' });
-}
-
-/** The same names with the same texts (a text read once is the same string object: cheap). */
-function sameTexts(a: Map<string, string>, b: Map<string, string>): boolean {
-  if (a.size !== b.size) return false;
-  for (const [name, text] of a) if (b.get(name) !== text) return false;
-  return true;
-}
-
-function configHash(files: Map<string, string>): string {
-  const h = createHash('sha256');
-  for (const name of [...files.keys()].sort()) h.update(name).update('\0').update(files.get(name)!).update('\0');
-  return h.digest('hex');
 }
 
 /** Status object key of a file: the site's domain, or `global`. */

@@ -44,6 +44,15 @@ async function connections(h: Harness): Promise<number> {
   const family = h.loop.metrics().find((m) => m.name === 'ssh_connections');
   return Number((await family?.read())?.[0]?.[1]);
 }
+/** Replicas a1 and a2 of main/a and b1 of main/b, the three-replica setups below, all Connected. */
+async function threeConnected(h: Harness): Promise<void> {
+  for (const [sk, id] of [
+    ['main/a', 'a1'],
+    ['main/a', 'a2'],
+    ['main/b', 'b1'],
+  ] as const)
+    await h.waitReason(sk, id, 'Connected');
+}
 async function allServe(h: Harness, keys: string[]): Promise<void> {
   for (const sk of keys) expect(echoName(await h.get(sk))).toBe('app');
 }
@@ -67,12 +76,7 @@ describe('SSH connections shared by replicas behind identical hops', () => {
   it('one login serves replicas of several services; lost, it comes back as one; it ends with its last holder', async () => {
     const s = await sshd('shared');
     const h = await harness(specOf(key.privateKey, { a: [replica('a1', s), replica('a2', s)], b: [replica('b1', s)] }));
-    for (const [sk, id] of [
-      ['main/a', 'a1'],
-      ['main/a', 'a2'],
-      ['main/b', 'b1'],
-    ] as const)
-      await h.waitReason(sk, id, 'Connected');
+    await threeConnected(h);
     expect(s.accepted()).toBe(1);
     expect(await connections(h)).toBe(1);
     await allServe(h, ['main/a', 'main/a', 'main/b']);
@@ -81,12 +85,7 @@ describe('SSH connections shared by replicas behind identical hops', () => {
     await s.kill();
     await eventually(() => h.ready('main/b', 'b1')?.status === 'False' || undefined);
     await s.restart();
-    for (const [sk, id] of [
-      ['main/a', 'a1'],
-      ['main/a', 'a2'],
-      ['main/b', 'b1'],
-    ] as const)
-      await h.waitReason(sk, id, 'Connected');
+    await threeConnected(h);
     expect(s.accepted()).toBe(2);
     expect(h.reconnects('main/b', 'b1')).toBe(1);
     await allServe(h, ['main/a', 'main/b']);
@@ -114,12 +113,7 @@ describe('SSH connections shared by replicas behind identical hops', () => {
 
     const t = await sshd('unshared');
     const unshared = await harness(specOf(key.privateKey, { a: [replica('a1', t), replica('a2', t)], b: [replica('b1', t)] }), false);
-    for (const [sk, id] of [
-      ['main/a', 'a1'],
-      ['main/a', 'a2'],
-      ['main/b', 'b1'],
-    ] as const)
-      await unshared.waitReason(sk, id, 'Connected');
+    await threeConnected(unshared);
     expect(t.accepted()).toBe(3);
     expect(await connections(unshared)).toBe(3);
     await allServe(unshared, ['main/a', 'main/b']);
