@@ -9,6 +9,8 @@ import { tokenGuard } from './api-token.js';
 import { installErrorHandlers } from './errors.js';
 import type { Runtime } from './runtime.js';
 import { stateRoutes } from './state-routes.js';
+import { sortedObjects } from '../reconcilers/status.js';
+import type { LoopStatus, ObjectStatus } from '../reconcilers/types.js';
 
 /** A route module: registers itself on the app, behind `guard` when it serves management data. */
 export type RouteModule = (app: FastifyInstance, guard: (request: FastifyRequest) => Promise<void>) => Promise<void>;
@@ -44,18 +46,18 @@ export interface AppOptions {
   proxied?: { header: string; prefix: string };
 }
 
-/** The loops' statuses with the live fields added to the objects they name (copies; the snapshot is left as it is). */
-function withLiveStatus<L extends { objects: Record<string, object> }>(
-  loops: Record<string, L>,
+/**
+ * The loops' statuses as answered: objects copied and sorted by key (the snapshot's are a live
+ * view), with the live fields added to the objects they name.
+ */
+function withLiveStatus(
+  loops: Record<string, LoopStatus>,
   live: Record<string, Readonly<Record<string, Readonly<Record<string, unknown>>>>> | undefined,
-): Record<string, L> {
-  if (live === undefined) return loops;
-  const out = { ...loops };
-  for (const [name, byKey] of Object.entries(live)) {
-    const loop = out[name];
-    if (loop === undefined) continue;
-    const objects = { ...loop.objects };
-    for (const [key, fields] of Object.entries(byKey)) {
+): Record<string, LoopStatus> {
+  const out: Record<string, LoopStatus> = {};
+  for (const [name, loop] of Object.entries(loops)) {
+    const objects: Record<string, ObjectStatus> = sortedObjects(loop.objects);
+    for (const [key, fields] of Object.entries(live?.[name] ?? {})) {
       const o = objects[key];
       if (o !== undefined) objects[key] = { ...fields, ...o };
     }

@@ -194,7 +194,7 @@ export class Controller {
     return this.#stopping;
   }
 
-  /** Every loop's status; a deep copy. */
+  /** Every loop's status: conditions and failures copied, objects a live read-only view each. */
   statuses(): StatusSnapshot {
     const loops: Record<string, LoopStatus> = {};
     for (const rt of this.#runners) loops[rt.loop.name] = rt.snapshot();

@@ -13,11 +13,15 @@ interface Entry {
 export class StatusStore {
   #conditions: readonly Condition[] = [];
   #objects = new Map<string, Entry>();
+  /**
+   * The same entries as a record, kept in step with every write: what snapshots hand out.
+   * Copying it per write would make every change cost the whole loop's object count (a pass of
+   * each loop and every listener asks for a snapshot after each write).
+   */
+  readonly #view: Record<string, ObjectStatus> = Object.create(null) as Record<string, ObjectStatus>;
   readonly #now: () => number;
   readonly #generation: () => number;
   readonly #onChange: () => void;
-  /** The copy snapshot() last made, until the next write: a pass and every listener share it. */
-  #copy: Pick<LoopStatus, 'conditions' | 'objects'> | null = null;
 
   /**
    * `generation` gives the observedGeneration to stamp when a writer gives none; `onChange`
@@ -26,10 +30,7 @@ export class StatusStore {
   constructor(opts: { now: () => number; generation: () => number; onChange: () => void }) {
     this.#now = opts.now;
     this.#generation = opts.generation;
-    this.#onChange = () => {
-      this.#copy = null;
-      opts.onChange();
-    };
+    this.#onChange = opts.onChange;
   }
 
   setLoopCondition(cond: ConditionInput): void {
@@ -43,21 +44,27 @@ export class StatusStore {
     const entry = this.#objects.get(key);
     const { conditions, changed } = setCondition(entry?.conditions ?? [], cond, this.#now());
     if (!changed) return;
-    this.#objects.set(key, frozenEntry(conditions, entry?.outputs));
-    this.#onChange();
+    this.#store(key, frozenEntry(conditions, entry?.outputs));
   }
 
   setObjectOutputs(key: string, outputs: Outputs | undefined): void {
     const entry = this.#objects.get(key);
     if (sameOutputs(entry?.outputs, outputs)) return;
     const conditions = entry?.conditions ?? [];
-    if (outputs === undefined && conditions.length === 0) this.#objects.delete(key);
-    else this.#objects.set(key, frozenEntry(conditions, outputs === undefined ? undefined : Object.freeze({ ...outputs })));
-    this.#onChange();
+    if (outputs === undefined && conditions.length === 0) this.deleteObject(key);
+    else this.#store(key, frozenEntry(conditions, outputs === undefined ? undefined : Object.freeze({ ...outputs })));
   }
 
   deleteObject(key: string): void {
-    if (this.#objects.delete(key)) this.#onChange();
+    if (!this.#objects.delete(key)) return;
+    delete this.#view[key];
+    this.#onChange();
+  }
+
+  #store(key: string, entry: Entry): void {
+    this.#objects.set(key, entry);
+    this.#view[key] = entry as ObjectStatus;
+    this.#onChange();
   }
 
   /** A writer for the loop; reads and writes the live store. */
@@ -78,19 +85,22 @@ export class StatusStore {
   }
 
   /**
-   * Every object's status, sorted by key. Every pass of every loop and every status listener
-   * asks, so the copy is shallow and made once per write: the entries it shares are never
-   * changed once stored (a write stores a new, frozen entry), and the map is frozen too.
+   * The loop's conditions and failures as they are now, and its objects as a live, read-only
+   * view, in no particular order: every pass of every loop and every status listener asks after
+   * each write, and a copy would cost the loop's whole object count each time. An entry is never
+   * changed once stored (a write stores a new, frozen one), so an entry read stays as it was;
+   * the view itself follows later writes. Whoever shows or keeps it copies it (sortedObjects).
    */
   snapshot(failures: Record<string, FailureInfo>): LoopStatus {
-    if (this.#copy === null) {
-      const keys = [...this.#objects.keys()].sort();
-      const objects: Record<string, ObjectStatus> = {};
-      for (const k of keys) objects[k] = this.#objects.get(k)! as ObjectStatus;
-      this.#copy = { conditions: [...this.#conditions], objects: Object.freeze(objects) };
-    }
-    return { conditions: [...this.#copy.conditions], objects: this.#copy.objects, failures: structuredClone(failures) };
+    return { conditions: [...this.#conditions], objects: this.#view, failures: structuredClone(failures) };
   }
+}
+
+/** A copy of a snapshot's objects, sorted by key: for answers and anything kept past the moment. */
+export function sortedObjects(objects: Readonly<Record<string, ObjectStatus>>): Record<string, ObjectStatus> {
+  const out: Record<string, ObjectStatus> = {};
+  for (const key of Object.keys(objects).sort()) out[key] = objects[key]!;
+  return out;
 }
 
 /** Stored entries are shared by every snapshot: never changed, replaced on a write. */

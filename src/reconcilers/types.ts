@@ -191,8 +191,11 @@ export interface FailureInfo {
 export interface LoopStatus {
   /** Loop-level conditions: `Ready` and `Degraded`. */
   conditions: Condition[];
-  /** Per-object conditions and outputs reported through the status writer, by object key. */
-  objects: Record<string, ObjectStatus>;
+  /**
+   * Per-object conditions and outputs reported through the status writer, by object key: a live
+   * read-only view in no particular order (see StatusStore.snapshot); copy it to keep it.
+   */
+  objects: Readonly<Record<string, ObjectStatus>>;
   /** Action keys currently failing, by action key. */
   failures: Record<string, FailureInfo>;
 }

@@ -1,24 +1,51 @@
-// sha256 of the canonical serialisation of the normalised spec: equal intent, equal hash,
-// whatever the key order or style of the input.
+// The document hash: sha256 over the canonical serialisation of the normalised spec, with each
+// service contributing the sha256 of its own text (kept per service object), so equal intent
+// gives an equal hash whatever the key order or style of the input, and a change to one service
+// hashes that service and 32 bytes for each of the others.
 
 import { createHash } from 'node:crypto';
 import { serviceKey, type ProxyState, type ProxyStateSpec, type Service } from './types.js';
+
+/** Marks the per-service form, so no document hashes to what a whole-text hash once gave. */
+const HASH_FORM = 'dstack-proxy/spec-hash/2\n';
 
 /**
  * Hash of a normalised state. normalise() builds every object in one fixed key order, so
  * JSON.stringify of its output is already canonical (and ten times faster than sorting keys
  * on the way); hashSpec re-normalises nothing, so pass it normalise()'s output, never raw input.
  *
- * The bytes hashed are exactly JSON.stringify(state.spec) — the value stored in state.json and
- * database rows and compared on load — but built from one memoised JSON text per service object
- * (specJson), so hashing a document in which one service changed serialises only that service.
+ * What is hashed is the text of JSON.stringify(state.spec) with each service's text replaced by
+ * its own sha256 (memoised per service object, like the text): a tree of hashes, so a document
+ * in which one service changed costs that service and 32 bytes per other service, not the whole
+ * document's text.
  */
 export function hashSpec(state: ProxyState): string {
   const h = createHash('sha256');
-  // The same bytes as specJson, fed a part at a time: joining them first costs more than the
-  // hashing itself.
+  h.update(HASH_FORM);
+  writeSpec(state.spec, ',', (text) => h.update(text), (service) => h.update(serviceDigest(service)));
+  return h.digest('hex');
+}
+
+/**
+ * The hash stored files carried before services were hashed on their own: sha256 of
+ * JSON.stringify(spec). Read only to accept such a file on load; the next write stores the
+ * current form.
+ */
+export function wholeTextHash(state: ProxyState): string {
+  const h = createHash('sha256');
   writeSpec(state.spec, ',', (text) => h.update(text));
   return h.digest('hex');
+}
+
+const serviceDigests = new WeakMap<Service, Buffer>();
+
+function serviceDigest(service: Service): Buffer {
+  let digest = serviceDigests.get(service);
+  if (digest === undefined) {
+    digest = createHash('sha256').update(serviceJson(service)).digest();
+    serviceDigests.set(service, digest);
+  }
+  return digest;
 }
 
 /**
@@ -49,8 +76,16 @@ export function specJson(spec: ProxyStateSpec, between = ','): string {
   return parts.join('');
 }
 
-/** Writes the text of specJson in parts, in order. */
-function writeSpec(spec: ProxyStateSpec, between: string, write: (text: string) => void): void {
+/**
+ * Writes the text of specJson in parts, in order; each service object goes to `service`, which
+ * writes its text unless told otherwise.
+ */
+function writeSpec(
+  spec: ProxyStateSpec,
+  between: string,
+  write: (text: string) => void,
+  service: (s: Service) => void = (s) => write(serviceJson(s)),
+): void {
   write('{');
   let first = true;
   for (const key of Object.keys(spec)) {
@@ -62,7 +97,8 @@ function writeSpec(spec: ProxyStateSpec, between: string, write: (text: string) 
         const s = services[i];
         if (i) write(between);
         // JSON.stringify writes null for a hole or undefined; a service is always an object.
-        write(s !== null && typeof s === 'object' ? serviceJson(s) : (JSON.stringify(s) ?? 'null'));
+        if (s !== null && typeof s === 'object') service(s);
+        else write(JSON.stringify(s) ?? 'null');
       }
       write(']');
     } else {

@@ -8,7 +8,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { ProxyError } from '../errors.js';
 import { writeAtomic } from '../write-atomic.js';
-import { SpecError, emptyState, formatIssue, hashSpec, parseJsonText, specJson, validate, type ProxyState } from '../spec/index.js';
+import { SpecError, emptyState, formatIssue, hashSpec, parseJsonText, specJson, validate, wholeTextHash, type ProxyState } from '../spec/index.js';
 import { mismatch, type StateStore, type StoredState, type WriteOptions, type WriteResult } from './store.js';
 
 export const STATE_FILE = 'state.json';
@@ -192,7 +192,9 @@ export async function loadStateFile(file: string): Promise<StoredState> {
   const result = validate(doc);
   if (!result.ok) throw corrupt(result.errors.slice(0, 5).map(formatIssue).join('; '));
   const hash = hashSpec(result.state);
-  if (metadata?.hash !== hash) {
+  // A file written before services were hashed on their own carries the whole-text hash; it
+  // proves the same, and the next write stores the current form.
+  if (metadata?.hash !== hash && metadata?.hash !== wholeTextHash(result.state)) {
     throw corrupt('metadata.hash does not match the document (edited by hand? PUT the document instead)');
   }
   const updatedAt = typeof metadata.updatedAt === 'string' ? metadata.updatedAt : '';

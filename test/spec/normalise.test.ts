@@ -9,6 +9,7 @@ import {
   DEFAULT_CLIENT_MAX_BODY_SIZE,
   LETS_ENCRYPT_PRODUCTION,
   hashSpec,
+  wholeTextHash,
   normalise,
   specJson,
   parseDocument,
@@ -120,22 +121,31 @@ describe('hashSpec', () => {
     expect(hashOf(generateDocument(3, 1))).toMatch(/^[0-9a-f]{64}$/);
   });
 
-  it('hashes the bytes of JSON.stringify(spec), as stored hashes were made, with service texts reused across documents', () => {
-    const plain = (state: ProxyState): string => createHash('sha256').update(JSON.stringify(state.spec)).digest('hex');
+  it('is made from the content alone: a copy sharing no object hashes the same; specJson is JSON.stringify', () => {
     for (const seed of SEEDS) {
       const state = stateOf(randomDocument(prng(seed)));
       expect(specJson(state.spec)).toBe(JSON.stringify(state.spec));
-      expect(hashSpec(state)).toBe(plain(state));
+      expect(hashSpec(structuredClone(state))).toBe(hashSpec(state));
     }
     const big = stateOf(generateDocument(50, 2));
-    expect(hashSpec(big)).toBe(plain(big));
-    // The next generation shares every service object but one: the shared texts are reused.
+    // The next generation shares every service object but one: the shared digests are reused.
     const [first, ...rest] = big.spec.services;
     const next: ProxyState = { ...big, spec: { ...big.spec, services: [{ ...first!, clientMaxBodySize: 1 }, ...rest] } };
-    expect(hashSpec(next)).toBe(plain(next));
+    expect(hashSpec(next)).toBe(hashSpec(structuredClone(next)));
     expect(hashSpec(next)).not.toBe(hashSpec(big));
+    // Order and membership count, not only the set of service digests.
+    const swapped: ProxyState = { ...big, spec: { ...big.spec, services: [rest[0]!, first!, ...rest.slice(1)] } };
+    expect(hashSpec(swapped)).not.toBe(hashSpec(big));
     const none: ProxyState = { ...big, spec: { ...big.spec, services: [] } };
     expect(specJson(none.spec)).toBe(JSON.stringify(none.spec));
+    expect(hashSpec(none)).not.toBe(hashSpec(big));
+  });
+
+  it('wholeTextHash is the form stored files carried before: sha256 of JSON.stringify(spec)', () => {
+    const plain = (state: ProxyState): string => createHash('sha256').update(JSON.stringify(state.spec)).digest('hex');
+    const big = stateOf(generateDocument(50, 2));
+    expect(wholeTextHash(big)).toBe(plain(big));
+    expect(hashSpec(big)).not.toBe(plain(big));
   });
 
   it('ignores metadata (generation and hash are not intent)', () => {

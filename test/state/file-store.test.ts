@@ -2,7 +2,7 @@ import { readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { ProxyError } from '../../src/errors.js';
-import { loadDocument, type ProxyState } from '../../src/spec/index.js';
+import { hashSpec, loadDocument, wholeTextHash, type ProxyState } from '../../src/spec/index.js';
 import { STATE_FILE, openFileStore } from '../../src/state/file-store.js';
 import { tmpDir } from '../helpers/tmp.js';
 
@@ -199,5 +199,22 @@ describe('file state store', () => {
     const file = path.join(stateDir, STATE_FILE);
     writeFileSync(file, readFileSync(file, 'utf8').replace('"hello"', '"hallo"'));
     await expect(openFileStore({ stateDir })).rejects.toThrow(/metadata.hash does not match/);
+  });
+
+  it('opens a file carrying the whole-text hash of earlier versions, and stores the current form at the next write', async () => {
+    const store = await openFileStore({ stateDir });
+    const first = await store.write(docA);
+    const file = path.join(stateDir, STATE_FILE);
+    const legacy = wholeTextHash(first.state);
+    writeFileSync(file, readFileSync(file, 'utf8').replace(first.hash, legacy));
+    const reopened = await openFileStore({ stateDir });
+    const read = await reopened.read();
+    expect(read.generation).toBe(first.generation);
+    expect(read.hash).toBe(hashSpec(read.state));
+    // The same document again is no change: the hash compared is the current form.
+    expect((await reopened.write(docA)).changed).toBe(false);
+    await reopened.write(docB);
+    expect(readFileSync(file, 'utf8')).toContain(hashSpec(docB));
+    expect(readFileSync(file, 'utf8')).not.toContain(legacy);
   });
 });
