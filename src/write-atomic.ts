@@ -10,7 +10,7 @@
 //     stored desired state.
 
 import { randomBytes } from 'node:crypto';
-import { mkdir, open, rename, rm } from 'node:fs/promises';
+import { mkdir, open, rename, rm, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 
 export interface WriteAtomicOptions {
@@ -40,7 +40,11 @@ export const DEFAULT_TEMP_RE = /^\..+\.[0-9a-f]{8}\.tmp$/;
 
 const defaultTempName = (base: string): string => `.${base}.${randomBytes(4).toString('hex')}.tmp`;
 
-export async function writeAtomic(path: string, text: string, options: WriteAtomicOptions = {}): Promise<void> {
+/**
+ * `content`: a text (written as UTF-8), or byte chunks written in order with one gathered write
+ * (a caller that keeps the unchanged parts of a large file encoded hands them over as they are).
+ */
+export async function writeAtomic(path: string, content: string | readonly Buffer[], options: WriteAtomicOptions = {}): Promise<void> {
   const { mode = 0o600, fsyncFile = false, fsyncDir = false, mapError = (_p: string, e: unknown) => e } = options;
   const dir = dirname(path);
   const temp = join(dir, (options.tempName ?? defaultTempName)(basename(path)));
@@ -48,7 +52,8 @@ export async function writeAtomic(path: string, text: string, options: WriteAtom
     if (options.makeDir) await mkdir(dir, { recursive: true, mode: options.dirMode });
     const handle = await open(temp, 'wx', mode);
     try {
-      await handle.writeFile(text, 'utf8');
+      if (typeof content === 'string') await handle.writeFile(content, 'utf8');
+      else await writeChunks(handle, content);
       if (fsyncFile) await handle.sync();
     } finally {
       await handle.close();
@@ -63,6 +68,21 @@ export async function writeAtomic(path: string, text: string, options: WriteAtom
     await syncDir(dir).catch((err: unknown) => {
       throw mapError(dir, err);
     });
+  }
+}
+
+/** Every chunk, in order, from the file's start; a short write goes on where it stopped. */
+async function writeChunks(handle: FileHandle, chunks: readonly Buffer[]): Promise<void> {
+  let rest = chunks.filter((c) => c.length > 0);
+  let position = 0;
+  while (rest.length > 0) {
+    const { bytesWritten } = await handle.writev(rest, position);
+    position += bytesWritten;
+    let skip = bytesWritten;
+    let i = 0;
+    while (i < rest.length && skip >= rest[i]!.length) skip -= rest[i++]!.length;
+    rest = rest.slice(i);
+    if (skip > 0) rest[0] = rest[0]!.subarray(skip);
   }
 }
 

@@ -20,6 +20,18 @@ describe('writeAtomic', () => {
     expect(readdirSync(join(t.dir, 'a', 'b'))).toEqual(['f.json']);
   });
 
+  it('writes byte chunks in order, more of them than one gathered write takes (IOV_MAX 1,024), empty ones included', async () => {
+    t = tmpDir();
+    const file = join(t.dir, 'f');
+    const chunks = Array.from({ length: 3000 }, (_, i) => Buffer.from(i % 7 === 0 ? '' : `${i},`, 'utf8'));
+    chunks.push(Buffer.from('é—end', 'utf8'));
+    await writeAtomic(file, chunks, { fsyncFile: true });
+    expect(readFileSync(file)).toEqual(Buffer.concat(chunks));
+    // A shorter content after a longer one: nothing of the old bytes is left at the end.
+    await writeAtomic(file, [Buffer.from('ab'), Buffer.from('c')]);
+    expect(readFileSync(file, 'utf8')).toBe('abc');
+  });
+
   it('a failure before the rename leaves the old file and no temp; the temp has the default name', async () => {
     t = tmpDir();
     const file = join(t.dir, 'f');

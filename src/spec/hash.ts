@@ -34,7 +34,7 @@ export function hashSpec(state: ProxyState): string {
   };
   writeSpec(
     state.spec,
-    ',',
+    null,
     (text) => {
       flush();
       h.update(text);
@@ -97,11 +97,38 @@ export function specJson(spec: ProxyStateSpec, between = ','): string {
   return parts.join('');
 }
 
+const serviceBytes = new WeakMap<Service, Buffer>();
+
+/**
+ * specJson's text as UTF-8 byte chunks, each service's bytes memoised per service object: what
+ * a file write hands the kernel, with neither a join of the whole text nor an encoding of the
+ * services that did not change.
+ */
+export function specChunks(spec: ProxyStateSpec, between = ','): Buffer[] {
+  const chunks: Buffer[] = [];
+  const separator = Buffer.from(between, 'utf8');
+  writeSpec(
+    spec,
+    between,
+    (text) => chunks.push(text === between ? separator : Buffer.from(text, 'utf8')),
+    (service) => {
+      let bytes = serviceBytes.get(service);
+      if (bytes === undefined) {
+        bytes = Buffer.from(serviceJson(service), 'utf8');
+        serviceBytes.set(service, bytes);
+      }
+      chunks.push(bytes);
+    },
+  );
+  return chunks;
+}
+
 /**
  * Writes the text of specJson in parts, in order. With `service`, each service object goes to it
- * instead of its text being written, with no separator between services.
+ * instead of its text being written; `between` null leaves the separators out (digests are of
+ * one length and need none).
  */
-function writeSpec(spec: ProxyStateSpec, between: string, write: (text: string) => void, service?: (s: Service) => void): void {
+function writeSpec(spec: ProxyStateSpec, between: string | null, write: (text: string) => void, service?: (s: Service) => void): void {
   write('{');
   let first = true;
   for (const key of Object.keys(spec)) {
@@ -111,8 +138,7 @@ function writeSpec(spec: ProxyStateSpec, between: string, write: (text: string) 
       const services = value as Service[];
       for (let i = 0; i < services.length; i++) {
         const s = services[i];
-        // Digests are of one length: they need no separator.
-        if (i && service === undefined) write(between);
+        if (i && between !== null) write(between);
         // JSON.stringify writes null for a hole or undefined; a service is always an object.
         if (s !== null && typeof s === 'object') {
           if (service) service(s);

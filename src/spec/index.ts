@@ -12,7 +12,7 @@ export * from './types.js';
 export { SpecError, formatIssue, type SpecIssue } from './issues.js';
 export { detectFormat, parseDocument, parseJsonText, type DocumentFormat } from './parse.js';
 export { normalise } from './normalise.js';
-export { hashSpec, serviceJson, shareUnchanged, specJson, canonicalJson, wholeTextHash } from './hash.js';
+export { hashSpec, serviceJson, shareUnchanged, specChunks, specJson, canonicalJson, wholeTextHash } from './hash.js';
 export { diffSpecs, deepEqual, type SpecDiff, type ObjectChange, type FieldChange } from './diff.js';
 export { redact, scrubSecrets, secretsOf, REDACTED } from './redact.js';
 export { domainProblem, prefixProblem, headerProblem } from './semantic.js';

@@ -8,7 +8,17 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { ProxyError } from '../errors.js';
 import { writeAtomic } from '../write-atomic.js';
-import { SpecError, emptyState, formatIssue, hashSpec, parseJsonText, specJson, validate, wholeTextHash, type ProxyState } from '../spec/index.js';
+import {
+  SpecError,
+  emptyState,
+  formatIssue,
+  hashSpec,
+  parseJsonText,
+  specChunks,
+  validate,
+  wholeTextHash,
+  type ProxyState,
+} from '../spec/index.js';
 import { mismatch, type StateStore, type StoredState, type WriteOptions, type WriteResult } from './store.js';
 
 export const STATE_FILE = 'state.json';
@@ -154,14 +164,15 @@ class FileStore implements StateStore {
 
 /**
  * The stored file: the header a field a line, then the spec with a service a line. Each
- * service's text is the one memoised for the document hash, so a write in which one service
- * changed serialises that one; pretty-printing the whole document instead cost more than
- * everything else a write does.
+ * service's bytes are kept per service object, so a write in which one service changed encodes
+ * that one and hands the kernel the rest as they are; pretty-printing the whole document
+ * instead cost more than everything else a write does.
  */
-function serialise(s: StoredState): string {
+function serialise(s: StoredState): Buffer[] {
   const { apiVersion, kind, spec } = s.state;
   const metadata = { generation: s.generation, hash: s.hash, updatedAt: s.updatedAt };
-  return `{\n"apiVersion": ${JSON.stringify(apiVersion)},\n"kind": ${JSON.stringify(kind)},\n"metadata": ${JSON.stringify(metadata)},\n"spec": ${specJson(spec, ',\n')}\n}\n`;
+  const head = `{\n"apiVersion": ${JSON.stringify(apiVersion)},\n"kind": ${JSON.stringify(kind)},\n"metadata": ${JSON.stringify(metadata)},\n"spec": `;
+  return [Buffer.from(head, 'utf8'), ...specChunks(spec, ',\n'), Buffer.from('\n}\n', 'utf8')];
 }
 
 export async function loadStateFile(file: string): Promise<StoredState> {

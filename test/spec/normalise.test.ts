@@ -11,6 +11,7 @@ import {
   hashSpec,
   wholeTextHash,
   normalise,
+  specChunks,
   specJson,
   parseDocument,
   type ProxyState,
@@ -139,6 +140,22 @@ describe('hashSpec', () => {
     const none: ProxyState = { ...big, spec: { ...big.spec, services: [] } };
     expect(specJson(none.spec)).toBe(JSON.stringify(none.spec));
     expect(hashSpec(none)).not.toBe(hashSpec(big));
+  });
+
+  it('specChunks are the bytes of specJson with the same separator, and reuse an unchanged service\'s bytes', () => {
+    for (const seed of SEEDS) {
+      const state = stateOf(randomDocument(prng(seed)));
+      expect(Buffer.concat(specChunks(state.spec, ',\n')).toString('utf8')).toBe(specJson(state.spec, ',\n'));
+      expect(Buffer.concat(specChunks(state.spec)).toString('utf8')).toBe(JSON.stringify(state.spec));
+    }
+    const big = stateOf(generateDocument(20, 1));
+    const [first, ...rest] = big.spec.services;
+    const next: ProxyState = { ...big, spec: { ...big.spec, services: [{ ...first!, clientMaxBodySize: 1 }, ...rest] } };
+    const a = specChunks(big.spec);
+    const b = specChunks(next.spec);
+    const shared = b.filter((chunk) => a.includes(chunk));
+    expect(shared.length).toBeGreaterThanOrEqual(rest.length);
+    expect(Buffer.concat(b).toString('utf8')).toBe(JSON.stringify(next.spec));
   });
 
   it('wholeTextHash is the form stored files carried before: sha256 of JSON.stringify(spec)', () => {
