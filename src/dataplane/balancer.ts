@@ -79,6 +79,11 @@ export class Balancer {
     return this.#o.shared ? [...this.#served] : [...this.#servers.keys()];
   }
 
+  /** The same services, live and without a copy: what a reconcile pass compares with. */
+  listeningKeys(): { has(key: string): boolean; readonly size: number; keys(): Iterable<string> } {
+    return this.#o.shared ? this.#served : this.#servers;
+  }
+
   /**
    * Binds the sockets of services (replacing stale files; idempotent), many at once on a cold
    * start of 1,000s: the directory is made once and several binds are in flight. Returns the

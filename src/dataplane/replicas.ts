@@ -195,6 +195,11 @@ export class Replicas {
     return this.#serviceHost;
   }
 
+  /** The services with a read timeout of their own (ms), live and without a copy. */
+  serviceReadTimeouts(): ReadonlyMap<string, number> {
+    return this.#serviceReadMs;
+  }
+
   /** The services with options of their own, and those options. */
   serviceOptions(): ReadonlyMap<string, Readonly<ServiceOptions>> {
     const out = new Map<string, ServiceOptions>();

@@ -142,7 +142,7 @@ describe('hashSpec', () => {
     expect(hashSpec(none)).not.toBe(hashSpec(big));
   });
 
-  it('specChunks are the bytes of specJson with the same separator, and reuse an unchanged service\'s bytes', () => {
+  it("specChunks are the bytes of specJson with the same separator, and reuse an unchanged service's bytes", () => {
     for (const seed of SEEDS) {
       const state = stateOf(randomDocument(prng(seed)));
       expect(Buffer.concat(specChunks(state.spec, ',\n')).toString('utf8')).toBe(specJson(state.spec, ',\n'));

@@ -21,7 +21,7 @@ import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import type { Algorithms } from 'ssh2';
-import { serviceKey, type ProxyState } from '../../spec/types.js';
+import type { ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
 import { systemClock, type Clock } from '../../clock.js';
 import {
@@ -37,15 +37,24 @@ import {
 } from '../types.js';
 import { Balancer, Replicas, type ReplicasOptions, type Upstream } from '../../dataplane/index.js';
 import { HostKeyBook } from './host-keys.js';
-import { domainsOf, hostRoutesOf } from './host-routes.js';
-import { describeTarget, desiredFromSpec, type DesiredReplica } from './targets.js';
+import { domainsOf } from './host-routes.js';
+import { describeTarget, servicesDesired, type DesiredReplica } from './targets.js';
 import { replicaLoadStatus, sshMetricFamilies, type ReplicaLoadStatus } from './metrics.js';
 import { ReplicaTunnel, type TunnelState } from './tunnel.js';
 import { SharedChains } from './shared-chains.js';
+import { PlanIndex } from './plan-index.js';
 
 export { replicaObjectKey, SSH_LOOP } from '../outputs.js';
 export type { ObservedSsh, Retiring, SshDesired, SshPayload } from './plan.js';
-import { planSsh, type ObservedSsh, type Retiring, type SshDesired, type SshPayload } from './plan.js';
+import {
+  planDifference,
+  planSsh,
+  type ConvergedServices,
+  type ObservedSsh,
+  type Retiring,
+  type SshDesired,
+  type SshPayload,
+} from './plan.js';
 import { replicaObjectKey, SSH_LOOP, type ReplicaTunnelOutputs, type ServiceSocketOutputs } from '../outputs.js';
 
 export interface SshLoopOptions {
@@ -166,6 +175,11 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const chains = new SharedChains(chainOptions);
   const held = new Map<string, Held>();
   const retiring = new Map<string, Retiring>();
+  // What the plan reads of the held replicas, kept up to date service by service instead of
+  // built per pass (see PlanIndex): a pass after a one-service change costs that service.
+  const index = new PlanIndex(held, retiring);
+  /** Services found converged by earlier passes (planSsh). */
+  const converged: ConvergedServices = new WeakMap();
   const drainMs = o.drainMs ?? 30_000;
   const graceMs = o.retireGraceMs ?? 1_000;
   const draining = new Set<Promise<void>>();
@@ -230,6 +244,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       h = { desired: d, tunnel, upstream: tunnel, state: () => tunnel.state };
     }
     held.set(d.id, h);
+    index.held(d.serviceKey, d.id);
     replicas.set(d.serviceKey, d.id, h.upstream);
     report(d, h.state(), ctx.status);
     h.tunnel?.start();
@@ -241,6 +256,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     replicas.remove(serviceKey, id); // out of rotation at once
     if (!h) return;
     held.delete(id);
+    index.dropped(h.desired.serviceKey, id);
     const p = replicas.drain(h.upstream, drainMs).then(() => h.tunnel?.close());
     draining.add(p);
     stats.draining = draining.size;
@@ -254,6 +270,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const closeService = async (sk: string, ctx: LoopContext): Promise<void> => {
     const r = retiring.get(sk);
     retiring.delete(sk);
+    index.touch(sk);
     replicas.clearLeft(sk);
     for (const id of r?.replicas ?? []) {
       if (held.get(id)?.desired.serviceKey !== sk) continue; // reused by another service meanwhile
@@ -261,6 +278,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       ctx.status.delete(replicaObjectKey(sk, id));
     }
     await balancer.unlisten(sk);
+    index.touch(sk);
     ctx.status.setOutputs(sk, undefined);
   };
 
@@ -282,11 +300,10 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         routedUpTo = ready?.status === 'True' ? (ready.observedGeneration ?? -1) : -1;
       }
       return {
-        ...desiredFromSpec(spec, o.appHost),
+        services: servicesDesired(spec, o.appHost),
         generation: statuses.generation,
         routedUpTo,
-        readTimeouts: readTimeoutsOf(spec),
-        ...(o.hostRoutes ? { hosts: hostRoutesOf(spec), domains: domainsOf(spec) } : {}),
+        ...(o.hostRoutes ? { hostRoutes: true, domains: () => domainsOf(spec) } : {}),
       };
     },
 
@@ -295,23 +312,29 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     // per replica. An object left as it was keeps its observedGeneration; the loop's own Ready
     // condition says which generation its last pass saw.
     async observe(ctx: LoopContext): Promise<ObservedSsh> {
-      const replicas = new Map<string, { serviceKey: string; fingerprint: string }>();
-      for (const [id, h] of held) {
-        if (!retiring.get(h.desired.serviceKey)?.replicas.has(id))
-          replicas.set(id, { serviceKey: h.desired.serviceKey, fingerprint: h.desired.fingerprint });
-      }
+      index.refresh();
       return {
-        services: new Set(balancer.listening()),
-        replicas,
+        services: balancer.listeningKeys(),
+        replicas: index.replicas,
+        replicasByService: index.byService,
+        versions: index.versions,
+        // Copied: applying the plan changes the entries.
         retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])),
         now: ctx.clock.now(),
-        readTimeouts: new Map([...loop.replicas.serviceOptions()].flatMap(([k, v]) => (v.readTimeoutMs ? [[k, v.readTimeoutMs]] : []))),
-        hosts: new Map(loop.replicas.hostRoutes()),
+        readTimeouts: loop.replicas.serviceReadTimeouts(),
+        hosts: loop.replicas.hostRoutes(),
       };
     },
 
     plan(desired: SshDesired, observed: ObservedSsh): Action<SshPayload>[] {
-      return planSsh(desired, observed, drainMs);
+      const actions = planSsh(desired, observed, drainMs, converged);
+      if (CHECK_PLANS) {
+        // Every service compared again, from the held replicas alone: what skipping must equal.
+        const full = planSsh(desired, { ...observed, versions: undefined, replicasByService: undefined }, drainMs);
+        const diff = planDifference(actions, full);
+        if (diff !== null) throw new Error(`the SSH plan that skipped converged services differs from the full one: ${diff}`);
+      }
+      return actions;
     },
 
     async applyBatch(actions: Action<SshPayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
@@ -325,11 +348,13 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         const p = action.payload;
         if (p.what === 'restore') {
           retiring.delete(p.serviceKey);
+          index.touch(p.serviceKey);
           replicas.clearLeft(p.serviceKey);
           outcomes.set(action.key, 'done');
         } else if (p.what === 'service' && action.kind === 'delete' && o.routedBy) {
           const ids = new Set([...held].filter(([, h]) => h.desired.serviceKey === p.serviceKey).map(([id]) => id));
           retiring.set(p.serviceKey, { since: ctx.generation, at: now, caughtUpAt: null, replicas: ids });
+          index.touch(p.serviceKey);
           // Its requests from the site Nginx still has are answered as the document says now.
           if (p.claimed) replicas.setLeft(p.serviceKey, p.claimed);
           // Come back when the drain period is over even if the router never catches up.
@@ -348,11 +373,13 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         const p = action.payload;
         if (p.what === 'host') {
           replicas.setHostRoute(p.serviceKey, p.host);
+          index.touch(p.serviceKey);
           outcomes.set(action.key, 'done');
           continue;
         }
         if (p.what === 'options') {
           replicas.setServiceOptions(p.serviceKey, p.readTimeoutMs === null ? {} : { readTimeoutMs: p.readTimeoutMs });
+          index.touch(p.serviceKey);
           outcomes.set(action.key, 'done');
           continue;
         }
@@ -396,6 +423,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       );
       const failed = await balancer.listenAll(listen);
       for (const sk of listen) {
+        index.touch(sk);
         if (failed.has(sk)) {
           outcomes.set(`service:${sk}`, { error: failed.get(sk) });
           continue;
@@ -418,6 +446,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         for (const h of held.values()) h.tunnel?.close();
         held.clear();
         retiring.clear();
+        index.clear();
         await balancer.close();
         await replicas.close(); // destroys open connections: drains end at once
         await Promise.all(draining);
@@ -453,9 +482,9 @@ function openTcp(host: string, port: number, timeoutMs: number): Promise<Duplex>
   });
 }
 
-/** The read timeouts (ms) the document sets per service; the others keep the data plane's default. */
-function readTimeoutsOf(spec: ProxyState): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const s of spec.spec.services) if (s.readTimeout !== undefined) out.set(serviceKey(s), s.readTimeout * 1000);
-  return out;
-}
+/**
+ * With DSTACK_PROXY_CHECK_PLANS=1 (the test suite sets it) every SSH pass also plans without
+ * skipping converged services and fails if the two plans differ: a write the plan index missed
+ * shows there, not as a replica left unconnected in production.
+ */
+const CHECK_PLANS = process.env.DSTACK_PROXY_CHECK_PLANS === '1';

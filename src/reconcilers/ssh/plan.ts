@@ -1,15 +1,35 @@
 // The SSH loop's plan (pure): what it holds against what the document asks for. Sockets and
 // replicas are compared by fingerprint, so an unchanged replica is never touched; a removed
 // service retires (keeps serving) until nothing routes to it or its drain period is over.
+//
+// The plan walks the document a service at a time. With the loop's per-service versions of what
+// it holds and a memo of the services found converged, a service whose entry and version are
+// those of a pass that found nothing to do is not compared again: after a one-service change,
+// a pass compares that service and walks the others' pointers. What spans services (a removed
+// service, a replica that moved, an option or route left behind) is found by counting what the
+// walk matched, and looked for only when the counts say something is left over.
 
 import type { Action } from '../types.js';
-import { describeTarget, type DesiredReplica, type DesiredSsh } from './targets.js';
+import { describeTarget, type DesiredReplica, type ServiceDesired } from './targets.js';
+
+/** A set of keys as a Set or a Map's keys hold it, without a copy. */
+export interface KeySet {
+  has(key: string): boolean;
+  readonly size: number;
+  keys(): Iterable<string>;
+}
+
+/** A replica as held: under which service, with which connection. */
+export interface HeldReplica {
+  serviceKey: string;
+  fingerprint: string;
+}
 
 export interface ObservedSsh {
   /** Listening sockets, retiring ones included. */
-  services: Set<string>;
+  services: KeySet;
   /** Held replicas, except those of retiring services (they close with their service). */
-  replicas: Map<string, { serviceKey: string; fingerprint: string }>;
+  replicas: ReadonlyMap<string, HeldReplica>;
   /** Services removed from the spec whose socket still serves until nothing routes to it. */
   retiring?: ReadonlyMap<string, Retiring>;
   now?: number;
@@ -17,6 +37,13 @@ export interface ObservedSsh {
   readTimeouts?: ReadonlyMap<string, number>;
   /** By-host routes (service → host), as the data plane has them. */
   hosts?: ReadonlyMap<string, string>;
+  /** The ids of `replicas` by service; derived from `replicas` when absent. */
+  replicasByService?: ReadonlyMap<string, ReadonlySet<string>>;
+  /**
+   * Per service, a token replaced whenever anything above about that service changes. With it,
+   * planSsh's `converged` memo lets a pass skip a service it already found converged.
+   */
+  versions?: ReadonlyMap<string, object>;
 }
 
 export interface Retiring {
@@ -30,20 +57,20 @@ export interface Retiring {
   replicas: Set<string>;
 }
 
-export interface SshDesired extends DesiredSsh {
+export interface SshDesired {
+  /** Per service, in the spec's order. */
+  services: readonly ServiceDesired[];
   generation: number;
   /** The newest generation the router has served in full (Ready); Infinity without a router. */
   routedUpTo: number;
-  /** Read timeouts (ms) of the services that set one (`readTimeout`). */
-  readTimeouts?: ReadonlyMap<string, number>;
-  /** The services our default server may send to by their Host (service → host). */
-  hosts?: ReadonlyMap<string, string>;
+  /** Whether by-host routes are planned (the services our default server may send to by Host). */
+  hostRoutes?: boolean;
   /**
-   * Every service's domain in lower case. With it, a removed service's requests (from a site
-   * Nginx still has) are answered as an unknown host's at once, unless a service here claims
-   * their host (Replicas.setLeft).
+   * Every service's domain in lower case, asked for only when a service is removed: its
+   * requests (from a site Nginx still has) are then answered as an unknown host's at once,
+   * unless a service here claims their host (Replicas.setLeft). Absent: no claims.
    */
-  domains?: ReadonlySet<string>;
+  domains?: () => ReadonlySet<string>;
 }
 
 export type SshPayload =
@@ -57,130 +84,223 @@ export type SshPayload =
   | { what: 'host'; serviceKey: string; host: string | null };
 
 /**
- * The actions that close the gap: per service socket create/restore/delete/close, per
- * replica create/update/delete. `drainMs` bounds how long a retired service keeps its socket.
+ * Services found converged, by their entry: the version of what was held then. The loop keeps
+ * one across passes; an entry that is no longer referenced goes with its service object.
  */
-export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: number): Action<SshPayload>[] {
-  const actions: Action<SshPayload>[] = [];
-  const gone = observed.retiring ?? new Map<string, Retiring>();
-  for (const sk of desired.services) {
-    if (gone.has(sk))
-      actions.push({
-        key: `service:${sk}`,
-        kind: 'restore',
-        summary: `keep the socket of ${sk} (back in the document)`,
-        payload: { what: 'restore', serviceKey: sk },
-      });
-    else if (!observed.services.has(sk))
-      actions.push({
-        key: `service:${sk}`,
-        kind: 'create',
-        summary: `listen on the socket of ${sk}`,
-        payload: { what: 'service', serviceKey: sk },
-      });
-  }
-  for (const sk of observed.services) {
-    if (desired.services.has(sk)) continue;
-    const r = gone.get(sk);
-    if (!r)
-      actions.push({
-        key: `service:${sk}`,
-        kind: 'delete',
-        summary: `close the socket of ${sk}`,
-        payload: { what: 'service', serviceKey: sk, ...(desired.domains ? { claimed: desired.domains } : {}) },
-      });
-    else if (desired.routedUpTo >= r.since || (observed.now ?? 0) - r.at >= drainMs) {
-      actions.push({
-        key: `service:${sk}`,
-        kind: 'close',
-        summary: `close the socket of ${sk}: nothing routes to it any more`,
-        payload: { what: 'close', serviceKey: sk },
-      });
-    }
-  }
-  for (const [id, d] of desired.replicas) {
-    const cur = observed.replicas.get(id);
-    if (cur?.fingerprint === d.fingerprint) continue;
-    const kind = cur ? 'update' : 'create';
-    actions.push({
-      key: `replica:${id}`,
-      kind,
-      summary: `${kind === 'create' ? 'open' : 'reopen'} the tunnel of replica ${id} of ${d.serviceKey} (${describeTarget(d.target)})`,
-      payload: { what: 'replica', replica: d, previous: cur ? { serviceKey: cur.serviceKey } : null },
-    });
-  }
-  for (const [id, cur] of observed.replicas) {
-    if (desired.replicas.has(id)) continue;
-    actions.push({
-      key: `replica:${id}`,
-      kind: 'delete',
-      summary: `close the tunnel of replica ${id} of ${cur.serviceKey}`,
-      payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } },
-    });
-  }
-  planReadTimeouts(desired, observed, actions);
-  planHosts(desired, observed, actions);
-  return actions;
-}
+export type ConvergedServices = WeakMap<ServiceDesired, object>;
 
-/**
- * By-host routes: set where the document's differ from the data plane's, removed at once for a
- * service that has none (gone, or no longer one our default server may serve): a request for a
- * removed service's host then gets the unknown host's 404, as it would once its site is gone.
- */
-function planHosts(desired: SshDesired, observed: ObservedSsh, actions: Action<SshPayload>[]): void {
-  const want = desired.hosts ?? NO_HOSTS;
-  const have = observed.hosts ?? NO_HOSTS;
-  if (want === have) return;
-  for (const [sk, host] of want) {
-    const cur = have.get(sk);
-    if (cur === host) continue;
-    actions.push({
-      key: `host:${sk}`,
-      kind: cur === undefined ? 'create' : 'update',
-      summary: `route requests for ${host} without a site of their own to ${sk}`,
-      payload: { what: 'host', serviceKey: sk, host },
-    });
-  }
-  for (const [sk, host] of have) {
-    if (want.has(sk)) continue;
-    actions.push({
-      key: `host:${sk}`,
-      kind: 'delete',
-      summary: `no route by host ${host} to ${sk}`,
-      payload: { what: 'host', serviceKey: sk, host: null },
-    });
-  }
-}
-
+const NO_RETIRING: ReadonlyMap<string, Retiring> = new Map();
+const NO_NUMBERS: ReadonlyMap<string, number> = new Map();
 const NO_HOSTS: ReadonlyMap<string, string> = new Map();
 
-const NONE: ReadonlyMap<string, number> = new Map();
+/**
+ * The actions that close the gap: per service socket create/restore/delete/close, per
+ * replica create/update/delete, per service read timeout and by-host route. `drainMs` bounds
+ * how long a retired service keeps its socket.
+ */
+export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: number, converged?: ConvergedServices): Action<SshPayload>[] {
+  const gone = observed.retiring ?? NO_RETIRING;
+  const haveTimeouts = observed.readTimeouts ?? NO_NUMBERS;
+  const haveHosts = observed.hosts ?? NO_HOSTS;
+  const heldBy = observed.replicasByService ?? groupByService(observed.replicas);
+  const sockets: Action<SshPayload>[] = [];
+  const tunnels: Action<SshPayload>[] = [];
+  const leaving: Action<SshPayload>[] = [];
+  const options: Action<SshPayload>[] = [];
+  const routes: Action<SshPayload>[] = [];
+  /** Held replicas of a compared service that its entry no longer has: leaving, or moved. */
+  const unclaimed: [string, HeldReplica][] = [];
+  // What the walk matched, to tell whether anything held is left over.
+  let listening = 0;
+  let heldMatched = 0;
+  let timeoutsMatched = 0;
+  let routesMatched = 0;
+
+  for (const d of desired.services) {
+    const sk = d.serviceKey;
+    const isListening = observed.services.has(sk);
+    if (isListening) listening++;
+    const retiring = gone.has(sk);
+    if (retiring) sockets.push(restoreSocket(sk));
+    else if (!isListening) sockets.push(createSocket(sk));
+    const held = heldBy.get(sk);
+    heldMatched += held?.size ?? 0;
+    const timeout = haveTimeouts.get(sk);
+    if (timeout !== undefined) timeoutsMatched++;
+    const route = haveHosts.get(sk);
+    if (route !== undefined) routesMatched++;
+
+    const version = observed.versions?.get(sk);
+    if (converged !== undefined && version !== undefined && converged.get(d) === version) continue;
+    const before = tunnels.length + options.length + routes.length + unclaimed.length;
+
+    for (const r of d.replicas) {
+      const cur = observed.replicas.get(r.id);
+      if (cur?.fingerprint !== r.fingerprint) tunnels.push(replicaAction(r, cur));
+    }
+    if (held !== undefined && held.size > 0) {
+      for (const id of held) {
+        if (!d.replicas.some((r) => r.id === id)) unclaimed.push([id, observed.replicas.get(id)!]);
+      }
+    }
+    const wantTimeout = d.readTimeoutMs;
+    if (wantTimeout !== undefined ? timeout !== wantTimeout : timeout !== undefined)
+      options.push(timeoutAction(sk, wantTimeout ?? null, timeout));
+    const wantRoute = desired.hostRoutes ? d.byHost : undefined;
+    if (wantRoute !== undefined ? route !== wantRoute : route !== undefined) routes.push(routeAction(sk, wantRoute ?? null, route));
+
+    const quiet = isListening && !retiring && before === tunnels.length + options.length + routes.length + unclaimed.length;
+    if (quiet && converged !== undefined && version !== undefined) converged.set(d, version);
+  }
+
+  // Left over: held services, replicas, timeouts or routes that no service of the document has.
+  let wanted: ReadonlySet<string> | undefined;
+  const isWanted = (sk: string): boolean => (wanted ??= new Set(desired.services.map((d) => d.serviceKey))).has(sk);
+  const removed = new Set<string>();
+  if (observed.services.size > listening) {
+    for (const sk of observed.services.keys()) {
+      if (isWanted(sk)) continue;
+      removed.add(sk);
+      const r = gone.get(sk);
+      if (!r) sockets.push(retireSocket(sk, desired.domains?.()));
+      else if (desired.routedUpTo >= r.since || (observed.now ?? 0) - r.at >= drainMs) sockets.push(closeSocket(sk));
+      const held = heldBy.get(sk);
+      if (held === undefined) continue;
+      heldMatched += held.size;
+      for (const id of held) unclaimed.push([id, observed.replicas.get(id)!]);
+    }
+  }
+  if (observed.replicas.size > heldMatched) {
+    for (const [id, cur] of observed.replicas) {
+      if (!isWanted(cur.serviceKey) && !removed.has(cur.serviceKey)) unclaimed.push([id, cur]);
+    }
+  }
+  if (unclaimed.length > 0) {
+    const desiredIds = new Set<string>();
+    for (const d of desired.services) for (const r of d.replicas) desiredIds.add(r.id);
+    for (const [id, cur] of unclaimed) if (!desiredIds.has(id)) leaving.push(replicaLeaves(id, cur));
+  }
+  // A removed service's own timeout stays while it retires: its requests still finishing keep it.
+  if (haveTimeouts.size > timeoutsMatched) {
+    for (const [sk, ms] of haveTimeouts) if (!isWanted(sk) && !observed.services.has(sk)) options.push(timeoutAction(sk, null, ms));
+  }
+  if (haveHosts.size > routesMatched) {
+    for (const [sk, host] of haveHosts) if (!isWanted(sk)) routes.push(routeAction(sk, null, host));
+  }
+  return [...sockets, ...tunnels, ...leaving, ...options, ...routes];
+}
 
 /**
- * Per-service read timeouts: set where the document's differ from the data plane's; back to the
- * default where the document has none, once the service is not even retiring (its requests
- * still finishing keep theirs).
+ * Where two plans differ (by action key, kind and summary), or null: the check that a plan which
+ * skipped converged services equals one that compared every service.
  */
-function planReadTimeouts(desired: SshDesired, observed: ObservedSsh, actions: Action<SshPayload>[]): void {
-  const want = desired.readTimeouts ?? NONE;
-  const have = observed.readTimeouts ?? NONE;
-  for (const [sk, ms] of want) {
-    if (have.get(sk) === ms) continue;
-    actions.push({
-      key: `options:${sk}`,
-      kind: have.has(sk) ? 'update' : 'create',
-      summary: `read timeout of ${sk}: ${ms / 1000} s`,
-      payload: { what: 'options', serviceKey: sk, readTimeoutMs: ms },
-    });
+export function planDifference(a: readonly Action<SshPayload>[], b: readonly Action<SshPayload>[]): string | null {
+  const line = (x: Action<SshPayload>): string => `${x.kind} ${x.key}: ${x.summary}`;
+  const left = a.map(line).sort();
+  const right = b.map(line).sort();
+  const onlyA = left.filter((x) => !right.includes(x));
+  const onlyB = right.filter((x) => !left.includes(x));
+  if (onlyA.length === 0 && onlyB.length === 0) return null;
+  return `only in the first: [${onlyA.join('; ')}]; only in the second: [${onlyB.join('; ')}]`;
+}
+
+function groupByService(replicas: ReadonlyMap<string, HeldReplica>): Map<string, Set<string>> {
+  const out = new Map<string, Set<string>>();
+  for (const [id, r] of replicas) {
+    let ids = out.get(r.serviceKey);
+    if (ids === undefined) out.set(r.serviceKey, (ids = new Set()));
+    ids.add(id);
   }
-  for (const sk of have.keys()) {
-    if (want.has(sk) || (!desired.services.has(sk) && observed.services.has(sk))) continue;
-    actions.push({
+  return out;
+}
+
+function createSocket(sk: string): Action<SshPayload> {
+  return { key: `service:${sk}`, kind: 'create', summary: `listen on the socket of ${sk}`, payload: { what: 'service', serviceKey: sk } };
+}
+
+function restoreSocket(sk: string): Action<SshPayload> {
+  return {
+    key: `service:${sk}`,
+    kind: 'restore',
+    summary: `keep the socket of ${sk} (back in the document)`,
+    payload: { what: 'restore', serviceKey: sk },
+  };
+}
+
+function retireSocket(sk: string, claimed: ReadonlySet<string> | undefined): Action<SshPayload> {
+  return {
+    key: `service:${sk}`,
+    kind: 'delete',
+    summary: `close the socket of ${sk}`,
+    payload: { what: 'service', serviceKey: sk, ...(claimed ? { claimed } : {}) },
+  };
+}
+
+function closeSocket(sk: string): Action<SshPayload> {
+  return {
+    key: `service:${sk}`,
+    kind: 'close',
+    summary: `close the socket of ${sk}: nothing routes to it any more`,
+    payload: { what: 'close', serviceKey: sk },
+  };
+}
+
+function replicaAction(d: DesiredReplica, cur: HeldReplica | undefined): Action<SshPayload> {
+  const kind = cur ? 'update' : 'create';
+  return {
+    key: `replica:${d.id}`,
+    kind,
+    summary: `${kind === 'create' ? 'open' : 'reopen'} the tunnel of replica ${d.id} of ${d.serviceKey} (${describeTarget(d.target)})`,
+    payload: { what: 'replica', replica: d, previous: cur ? { serviceKey: cur.serviceKey } : null },
+  };
+}
+
+function replicaLeaves(id: string, cur: HeldReplica): Action<SshPayload> {
+  return {
+    key: `replica:${id}`,
+    kind: 'delete',
+    summary: `close the tunnel of replica ${id} of ${cur.serviceKey}`,
+    payload: { what: 'replica', replica: null, previous: { serviceKey: cur.serviceKey } },
+  };
+}
+
+/**
+ * A service's read timeout: set where the document's differs from the data plane's, back to
+ * the default (null) where the document has none.
+ */
+function timeoutAction(sk: string, ms: number | null, have: number | undefined): Action<SshPayload> {
+  if (ms === null)
+    return {
       key: `options:${sk}`,
       kind: 'delete',
       summary: `read timeout of ${sk}: the default`,
       payload: { what: 'options', serviceKey: sk, readTimeoutMs: null },
-    });
-  }
+    };
+  return {
+    key: `options:${sk}`,
+    kind: have === undefined ? 'create' : 'update',
+    summary: `read timeout of ${sk}: ${ms / 1000} s`,
+    payload: { what: 'options', serviceKey: sk, readTimeoutMs: ms },
+  };
+}
+
+/**
+ * A by-host route: set where the document's differs from the data plane's, removed at once for
+ * a service that has none (gone, or no longer one our default server may serve): a request for
+ * a removed service's host then gets the unknown host's 404, as it would once its site is gone.
+ */
+function routeAction(sk: string, host: string | null, have: string | undefined): Action<SshPayload> {
+  if (host === null)
+    return {
+      key: `host:${sk}`,
+      kind: 'delete',
+      summary: `no route by host ${have} to ${sk}`,
+      payload: { what: 'host', serviceKey: sk, host: null },
+    };
+  return {
+    key: `host:${sk}`,
+    kind: have === undefined ? 'create' : 'update',
+    summary: `route requests for ${host} without a site of their own to ${sk}`,
+    payload: { what: 'host', serviceKey: sk, host },
+  };
 }

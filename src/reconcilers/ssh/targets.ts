@@ -7,6 +7,7 @@ import { createHash } from 'node:crypto';
 import type { HostKeyPolicy, ProxyState, Replica, Service, SshHop, SshProxyHop } from '../../spec/types.js';
 import { DEFAULT_SSH_PORT, serviceKey } from '../../spec/types.js';
 import { privateKeyReader, type UsableKey } from '../../spec/keys.js';
+import { byHostEligible } from './host-routes.js';
 
 export interface HopTarget {
   host: string;
@@ -43,44 +44,78 @@ export interface DesiredSsh {
   replicas: Map<string, DesiredReplica>;
 }
 
+/** What one service asks of the SSH loop; one object per service object (see perService). */
+export interface ServiceDesired {
+  serviceKey: string;
+  replicas: readonly DesiredReplica[];
+  /** Its own read timeout in ms; undefined: the data plane's default. */
+  readTimeoutMs: number | undefined;
+  /** Its domain in lower case, as Nginx's $host; undefined without one. */
+  domain: string | undefined;
+  /** Its by-host route (its domain) when our default server may relay to it by Host. */
+  byHost: string | undefined;
+}
+
 /** Pure: the sockets and connections the spec asks for. */
 export function desiredFromSpec(state: ProxyState, appHost = 'localhost'): DesiredSsh {
-  const readKey = privateKeyReader();
-  const keys = new Map(state.spec.projects.map((p) => [p.name, p.sshPrivateKey]));
   const services = new Set<string>();
   const replicas = new Map<string, DesiredReplica>();
-  for (const s of state.spec.services) {
-    const projectKey = keys.get(s.project);
-    let memo = perService.get(s);
-    if (memo === undefined || memo.projectKey !== projectKey || memo.appHost !== appHost) {
-      const sk = serviceKey(s);
-      memo = {
-        projectKey,
-        appHost,
-        serviceKey: sk,
-        replicas: s.replicas.map((r) => {
-          const { target, problem } = targetOf(r, projectKey, appHost, readKey);
-          return { id: r.id, serviceKey: sk, target, problem, fingerprint: fingerprintOf(sk, target) };
-        }),
-      };
-      perService.set(s, memo);
-    }
-    services.add(memo.serviceKey);
-    for (const r of memo.replicas) replicas.set(r.id, r);
+  for (const d of servicesDesired(state, appHost)) {
+    services.add(d.serviceKey);
+    for (const r of d.replicas) replicas.set(r.id, r);
   }
   return { services, replicas };
 }
 
 /**
- * A service's replicas as desiredFromSpec built them, per service object: a normalised service
- * is never changed in place (an update is a new object, the untouched ones are shared between
+ * Pure: per service of the spec, in its order, what it asks of the SSH loop. The list is kept per
+ * services list and each entry per service object, so a pass after a one-service change builds
+ * one entry and walks the others' pointers.
+ */
+export function servicesDesired(state: ProxyState, appHost = 'localhost'): readonly ServiceDesired[] {
+  const { services, projects } = state.spec;
+  const listed = perList.get(services);
+  if (listed !== undefined && listed.projects === projects && listed.appHost === appHost) return listed.list;
+  const readKey = privateKeyReader();
+  const keys = new Map(projects.map((p) => [p.name, p.sshPrivateKey]));
+  const list = services.map((s) => {
+    const projectKey = keys.get(s.project);
+    let memo = perService.get(s);
+    if (memo === undefined || memo.projectKey !== projectKey || memo.appHost !== appHost) {
+      const sk = serviceKey(s);
+      const domain = s.domain?.toLowerCase();
+      memo = {
+        projectKey,
+        appHost,
+        desired: {
+          serviceKey: sk,
+          replicas: s.replicas.map((r) => {
+            const { target, problem } = targetOf(r, projectKey, appHost, readKey);
+            return { id: r.id, serviceKey: sk, target, problem, fingerprint: fingerprintOf(sk, target) };
+          }),
+          readTimeoutMs: s.readTimeout === undefined ? undefined : s.readTimeout * 1000,
+          domain,
+          byHost: byHostEligible(s) ? domain : undefined,
+        },
+      };
+      perService.set(s, memo);
+    }
+    return memo.desired;
+  });
+  perList.set(services, { projects, appHost, list });
+  return list;
+}
+
+/**
+ * A service's entry as servicesDesired built it, per service object: a normalised service is
+ * never changed in place (an update is a new object, the untouched ones are shared between
  * generations), so a pass re-reads keys and hashes targets only for the services that changed.
  * The project key and appHost are the other inputs, checked on every use.
  */
-const perService = new WeakMap<
-  Service,
-  { projectKey: string | undefined; appHost: string; serviceKey: string; replicas: DesiredReplica[] }
->();
+const perService = new WeakMap<Service, { projectKey: string | undefined; appHost: string; desired: ServiceDesired }>();
+
+/** The whole list per services list: a pass that reads the same document again builds nothing. */
+const perList = new WeakMap<readonly Service[], { projects: unknown; appHost: string; list: readonly ServiceDesired[] }>();
 
 function targetOf(
   r: Replica,

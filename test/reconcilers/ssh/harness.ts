@@ -7,6 +7,8 @@ import { Controller } from '../../../src/reconcilers/controller.js';
 import type { Condition } from '../../../src/reconcilers/conditions.js';
 import { createSshLoop, replicaObjectKey, type SshLoop, type SshLoopOptions } from '../../../src/reconcilers/ssh/index.js';
 import { replicaTunnelOutputs } from '../../../src/reconcilers/outputs.js';
+import type { HeldReplica, SshDesired } from '../../../src/reconcilers/ssh/plan.js';
+import type { DesiredReplica } from '../../../src/reconcilers/ssh/targets.js';
 import { emptyState, type ProxyState, type Replica } from '../../../src/spec/types.js';
 import { eventually } from '../../helpers/nginx.js';
 import { tmpDir } from '../../helpers/tmp.js';
@@ -122,4 +124,17 @@ export function httpOverSocket(socketPath: string, path = '/', headers: Record<s
 /** The `name` an echo backend put in its reply. */
 export function echoName(r: Reply): string {
   return (JSON.parse(r.body) as { name: string }).name;
+}
+
+/** What a loop holds once it has done everything `d` asks: every socket and every replica as desired. */
+export function heldAs(d: SshDesired): { services: Set<string>; replicas: Map<string, HeldReplica> } {
+  const replicas = new Map<string, HeldReplica>();
+  for (const s of d.services) for (const r of s.replicas) replicas.set(r.id, { serviceKey: r.serviceKey, fingerprint: r.fingerprint });
+  return { services: new Set(d.services.map((s) => s.serviceKey)), replicas };
+}
+
+/** The desired replica of that id, wherever it is. */
+export function desiredReplica(d: SshDesired, id: string): DesiredReplica | undefined {
+  for (const s of d.services) for (const r of s.replicas) if (r.id === id) return r;
+  return undefined;
 }

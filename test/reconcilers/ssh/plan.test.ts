@@ -3,9 +3,10 @@
 import { describe, expect, it } from 'vitest';
 import { createSshLoop } from '../../../src/reconcilers/ssh/index.js';
 import { HostKeyBook, sha256Fingerprint } from '../../../src/reconcilers/ssh/host-keys.js';
+import { planDifference, planSsh } from '../../../src/reconcilers/ssh/plan.js';
 import { desiredFromSpec, describeTarget } from '../../../src/reconcilers/ssh/targets.js';
 import type { StatusSnapshot } from '../../../src/reconcilers/types.js';
-import { specOf } from './harness.js';
+import { desiredReplica, heldAs, specOf } from './harness.js';
 
 const KEY = '-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n-----END OPENSSH PRIVATE KEY-----\n';
 const ssh = { host: '10.0.0.1', port: 22, user: 'ubuntu' };
@@ -79,8 +80,7 @@ describe('plan', () => {
   });
 
   it('plans nothing when what is held matches', () => {
-    const replicas = new Map([...desired.replicas].map(([id, d]) => [id, { serviceKey: d.serviceKey, fingerprint: d.fingerprint }]));
-    expect(loop.plan(desired, { services: new Set(['main/app']), replicas })).toEqual([]);
+    expect(loop.plan(desired, heldAs(desired))).toEqual([]);
   });
 
   it('reopens a changed replica and closes removed ones and their services', () => {
@@ -110,7 +110,7 @@ describe('plan with a router (the gateway: Nginx routes to the sockets)', () => 
     },
   });
   const desired = (gen: number) => loop.desired(specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] }), routed(gen));
-  const held = { serviceKey: 'main/app', fingerprint: desired(0).replicas.get('r1')!.fingerprint };
+  const held = { serviceKey: 'main/app', fingerprint: desiredReplica(desired(0), 'r1')!.fingerprint };
   const retiring = (at: number) => new Map([['main/gone', { since: 3, at, caughtUpAt: null, replicas: new Set(['r9']) }]]);
 
   it('watches the router and keeps a retiring socket until the router has served a generation without it', () => {
@@ -153,13 +153,13 @@ describe('plan with by-host routes (the gateway)', () => {
     const spec = specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }] });
     spec.spec.services[0]!.domain = 'App.GW.test';
     const d = loop.desired(spec, none);
-    expect(d.domains).toBe(loop.desired(spec, none).domains); // the same services list: not built again
+    expect(d.domains!()).toBe(loop.desired(spec, none).domains!()); // the same services list: not built again
     const [retire] = loop
       .plan(d, { services: new Set(['main/app', 'main/gone']), replicas: new Map() })
       .filter((a) => a.key === 'service:main/gone');
     expect(retire?.kind).toBe('delete');
     const claimed = (retire?.payload as { claimed?: ReadonlySet<string> }).claimed;
-    expect(claimed).toBe(d.domains);
+    expect(claimed).toBe(d.domains!());
     expect([...claimed!]).toEqual(['app.gw.test']);
   });
 });
@@ -181,5 +181,52 @@ describe('host keys', () => {
     expect(book.check('a:22', k1, fp).ok).toBe(true);
     expect(book.check('a:22', k1, `${fp}=`).ok).toBe(true);
     expect(book.check('a:22', k2, fp).ok).toBe(false);
+  });
+});
+
+describe('plan skipping converged services', () => {
+  const loop = createSshLoop({ stateDir: '/nonexistent' });
+  const spec = specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }], other: [{ id: 'r2', appPort: 8000, ssh }] });
+  const desired = loop.desired(spec, none);
+
+  it('compares a service again only when its entry or the version of what is held for it changed', () => {
+    const converged = new WeakMap<object, object>();
+    const held = heldAs(desired);
+    const versions = new Map<string, object>([
+      ['main/app', {}],
+      ['main/other', {}],
+    ]);
+    expect(planSsh(desired, { ...held, versions }, 1000, converged)).toEqual([]);
+    // r1 no longer held, but its service's version says nothing changed: not compared again.
+    const without = { ...held, replicas: new Map([...held.replicas].filter(([id]) => id !== 'r1')) };
+    expect(planSsh(desired, { ...without, versions }, 1000, converged)).toEqual([]);
+    // Its version replaced, as the loop does on every change: compared, and r1 is opened again.
+    versions.set('main/app', {});
+    expect(planSsh(desired, { ...without, versions }, 1000, converged).map((a) => `${a.kind} ${a.key}`)).toEqual(['create replica:r1']);
+    // Without versions nothing is skipped.
+    expect(planSsh(desired, without, 1000, converged).map((a) => `${a.kind} ${a.key}`)).toEqual(['create replica:r1']);
+  });
+
+  it('finds what spans services by counting: a removed service, a replica that moved, a route left behind', () => {
+    const converged = new WeakMap<object, object>();
+    const versions = new Map<string, object>([
+      ['main/app', {}],
+      ['main/other', {}],
+    ]);
+    const held = heldAs(desired);
+    expect(planSsh(desired, { ...held, versions }, 1000, converged)).toEqual([]);
+    // r2 moves from other to app; other leaves the document.
+    const next = loop.desired(
+      specOf(KEY, {
+        app: [
+          { id: 'r1', appPort: 8000, ssh },
+          { id: 'r2', appPort: 8000, ssh },
+        ],
+      }),
+      none,
+    );
+    const plan = planSsh(next, { ...held, versions, hosts: new Map([['main/gone', 'gone.test']]) }, 1000, converged);
+    expect(plan.map((a) => `${a.kind} ${a.key}`)).toEqual(['delete service:main/other', 'update replica:r2', 'delete host:main/gone']);
+    expect(planDifference(plan, planSsh(next, { ...held, hosts: new Map([['main/gone', 'gone.test']]) }, 1000))).toBeNull();
   });
 });

@@ -5,7 +5,7 @@
 import { describe, expect, it } from 'vitest';
 import { createSshLoop } from '../../../src/reconcilers/ssh/index.js';
 import type { StatusSnapshot } from '../../../src/reconcilers/types.js';
-import { specOf } from './harness.js';
+import { heldAs, specOf } from './harness.js';
 
 const none: StatusSnapshot = { generation: 1, loops: {} };
 const loop = createSshLoop({ stateDir: '/nonexistent' });
@@ -16,15 +16,14 @@ function spec(readTimeout: number | undefined) {
   return s;
 }
 
-const held = (d: ReturnType<typeof loop.desired>) => ({
-  services: new Set(d.services),
-  replicas: new Map([...d.replicas].map(([id, r]) => [id, { serviceKey: r.serviceKey, fingerprint: r.fingerprint }])),
-});
+const held = heldAs;
+const timeouts = (d: ReturnType<typeof loop.desired>) =>
+  new Map(d.services.flatMap((s) => (s.readTimeoutMs === undefined ? [] : [[s.serviceKey, s.readTimeoutMs] as const])));
 
 describe('read timeouts in the SSH plan', () => {
   it('sets a service’s own timeout, in ms, and plans nothing once the data plane has it', () => {
     const d = loop.desired(spec(1800), none);
-    expect(d.readTimeouts).toEqual(new Map([['main/app', 1_800_000]]));
+    expect(timeouts(d)).toEqual(new Map([['main/app', 1_800_000]]));
     const actions = loop.plan(d, held(d));
     expect(actions.map((a) => [a.kind, a.key, a.summary, a.payload])).toEqual([
       [
@@ -43,7 +42,7 @@ describe('read timeouts in the SSH plan', () => {
       ['update', { what: 'options', serviceKey: 'main/app', readTimeoutMs: 5000 }],
     ]);
     const plain = loop.desired(spec(undefined), none);
-    expect(plain.readTimeouts?.size).toBe(0);
+    expect(timeouts(plain).size).toBe(0);
     expect(loop.plan(plain, { ...held(plain), readTimeouts: new Map([['main/app', 5000]]) }).map((a) => [a.kind, a.payload])).toEqual([
       ['delete', { what: 'options', serviceKey: 'main/app', readTimeoutMs: null }],
     ]);
@@ -51,7 +50,7 @@ describe('read timeouts in the SSH plan', () => {
 
   it('keeps a removed service’s timeout while its socket still serves, resets it once closed', () => {
     const d = loop.desired(spec(5), none);
-    const gone = { ...d, services: new Set<string>(), replicas: new Map(), readTimeouts: new Map<string, number>() };
+    const gone = { ...d, services: [] };
     const observed = { ...held(d), readTimeouts: new Map([['main/app', 5000]]) };
     expect(loop.plan(gone, observed).some((a) => a.key.startsWith('options:'))).toBe(false);
     const closed = { services: new Set<string>(), replicas: new Map(), readTimeouts: new Map([['main/app', 5000]]) };
