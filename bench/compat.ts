@@ -228,7 +228,7 @@ async function registerRound(f: Fixture, services: number, mode: Mode): Promise<
 }
 
 /** Calls measured at each size of a steady round, after as many untimed ones warm the JIT. */
-const STEADY_CALLS = 300;
+const STEADY_CALLS = 500;
 const STEADY_WARMUP = 50;
 
 /** services/register latencies with the document held at each size, in ms. */

@@ -1,5 +1,5 @@
 // The Nginx loop's view of the files it owns in its conf dir: their texts as last read, how often
-// they are checked against the disk, and the hash of the whole set.
+// they are checked against the disk, and the hash of the whole set (made of per-file digests).
 //
 // Between two verifications a read trusts the cache for the files it holds: it lists the
 // directory (a file added or removed is seen at once) and stats only new names, instead of every
@@ -7,8 +7,7 @@
 // periodic resync finds drift. What the loop writes is forgotten (written()), so it is read back.
 
 import { createHash } from 'node:crypto';
-import { join } from 'node:path';
-import { readOwned, type OwnedFiles, type TextCache } from './apply.js';
+import { confBase, readOwned, type OwnedFiles, type TextCache } from './apply.js';
 
 export class OwnedConf {
   readonly #dir: string;
@@ -37,13 +36,39 @@ export class OwnedConf {
 
   /** After a batch wrote (or rolled back) `names`: they are read back, the rest is trusted. */
   async afterWrite(names: Iterable<string>): Promise<OwnedFiles> {
-    for (const name of names) this.#texts.delete(join(this.#dir, name));
+    const base = confBase(this.#dir);
+    for (const name of names) this.#texts.delete(`${base}/${name}`);
     return readOwned(this.#dir, this.#texts, true);
   }
 
   hash(files: Map<string, string>): string {
-    if (this.#hashed === null || !sameTexts(this.#hashed.files, files)) this.#hashed = { files, hash: configHash(files) };
+    if (this.#hashed === null || !sameTexts(this.#hashed.files, files)) this.#hashed = { files, hash: this.#configHash(files) };
     return this.#hashed.hash;
+  }
+
+  /** Each file's digest, kept while its text is the same string. */
+  readonly #digests = new Map<string, { text: string; digest: Buffer }>();
+
+  /**
+   * sha256 over the files' own digests in name order: a pass in which one site changed hashes
+   * that site's text, not the whole config's.
+   */
+  #configHash(files: Map<string, string>): string {
+    const names = [...files.keys()];
+    // The reads list names sorted, so this is usually already in order.
+    if (!isSorted(names)) names.sort();
+    const digests = Buffer.allocUnsafe(32 * names.length);
+    names.forEach((name, i) => {
+      const text = files.get(name)!;
+      let memo = this.#digests.get(name);
+      if (memo?.text !== text) {
+        memo = { text, digest: createHash('sha256').update(name).update('\0').update(text).digest() };
+        this.#digests.set(name, memo);
+      }
+      memo.digest.copy(digests, 32 * i);
+    });
+    if (this.#digests.size > files.size) for (const name of this.#digests.keys()) if (!files.has(name)) this.#digests.delete(name);
+    return createHash('sha256').update(digests).digest('hex');
   }
 }
 
@@ -54,8 +79,7 @@ function sameTexts(a: Map<string, string>, b: Map<string, string>): boolean {
   return true;
 }
 
-function configHash(files: Map<string, string>): string {
-  const h = createHash('sha256');
-  for (const name of [...files.keys()].sort()) h.update(name).update('\0').update(files.get(name)!).update('\0');
-  return h.digest('hex');
+function isSorted(names: readonly string[]): boolean {
+  for (let i = 1; i < names.length; i++) if (names[i - 1]! > names[i]!) return false;
+  return true;
 }

@@ -70,7 +70,7 @@ export class HostKeyBook {
   }
 
   /** Forgets the `tofu-per-replica` trust of every replica not in `keep` (they left the document). */
-  retain(keep: ReadonlySet<string>): void {
+  retain(keep: { has(id: string): boolean }): void {
     for (const id of this.#perReplica.keys()) if (!keep.has(id)) this.#perReplica.delete(id);
     for (const [path, entry] of this.#shared) {
       for (const id of entry.holders) if (!keep.has(id)) entry.holders.delete(id);

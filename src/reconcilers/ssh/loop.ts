@@ -177,7 +177,13 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   const retiring = new Map<string, Retiring>();
   // What the plan reads of the held replicas, kept up to date service by service instead of
   // built per pass (see PlanIndex): a pass after a one-service change costs that service.
-  const index = new PlanIndex(held, retiring);
+  const index = new PlanIndex({
+    heldReplicas: held,
+    retiring,
+    listening: balancer.listeningKeys(),
+    readTimeouts: replicas.serviceReadTimeouts(),
+    hostRoutes: replicas.hostRoutes(),
+  });
   /** Services found converged by earlier passes (planSsh). */
   const converged: ConvergedServices = new WeakMap();
   const drainMs = o.drainMs ?? 30_000;
@@ -317,7 +323,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         services: balancer.listeningKeys(),
         replicas: index.replicas,
         replicasByService: index.byService,
-        versions: index.versions,
+        facts: index.facts,
         // Copied: applying the plan changes the entries.
         retiring: new Map([...retiring].map(([k, r]) => [k, { ...r, replicas: new Set(r.replicas) }])),
         now: ctx.clock.now(),
@@ -330,7 +336,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       const actions = planSsh(desired, observed, drainMs, converged);
       if (CHECK_PLANS) {
         // Every service compared again, from the held replicas alone: what skipping must equal.
-        const full = planSsh(desired, { ...observed, versions: undefined, replicasByService: undefined }, drainMs);
+        const full = planSsh(desired, { ...observed, facts: undefined, replicasByService: undefined }, drainMs);
         const diff = planDifference(actions, full);
         if (diff !== null) throw new Error(`the SSH plan that skipped converged services differs from the full one: ${diff}`);
       }
@@ -352,7 +358,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
           replicas.clearLeft(p.serviceKey);
           outcomes.set(action.key, 'done');
         } else if (p.what === 'service' && action.kind === 'delete' && o.routedBy) {
-          const ids = new Set([...held].filter(([, h]) => h.desired.serviceKey === p.serviceKey).map(([id]) => id));
+          const ids = index.heldUnder(p.serviceKey);
           retiring.set(p.serviceKey, { since: ctx.generation, at: now, caughtUpAt: null, replicas: ids });
           index.touch(p.serviceKey);
           // Its requests from the site Nginx still has are answered as the document says now.
@@ -410,7 +416,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       }
       // Replicas that left (no longer held) leave no trust behind; before any await, so no
       // handshake of a tunnel started above is judged by a departed replica's keys.
-      hostKeys.retain(new Set(held.keys()));
+      hostKeys.retain(held);
       // 2. Sockets: closed ones (at once; their open connections drain in the background),
       //    then new ones bound several at a time (1,000s on a cold start).
       await Promise.all(
@@ -431,7 +437,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         ctx.status.setOutputs(sk, socketOutputs(sk));
         outcomes.set(`service:${sk}`, 'done');
       }
-      hostKeys.retain(new Set(held.keys())); // and those of services closed above
+      hostKeys.retain(held); // and those of services closed above
       return outcomes;
     },
 

@@ -40,10 +40,19 @@ export interface ObservedSsh {
   /** The ids of `replicas` by service; derived from `replicas` when absent. */
   replicasByService?: ReadonlyMap<string, ReadonlySet<string>>;
   /**
-   * Per service, a token replaced whenever anything above about that service changes. With it,
+   * Per service, its facts as above, a new object whenever any of them changes. With it,
    * planSsh's `converged` memo lets a pass skip a service it already found converged.
    */
-  versions?: ReadonlyMap<string, object>;
+  facts?: ReadonlyMap<string, ServiceFacts>;
+}
+
+/** What `ObservedSsh` says about one service, counted; its identity versions them. */
+export interface ServiceFacts {
+  readonly listening: boolean;
+  /** Its replicas in `replicas`. */
+  readonly held: number;
+  readonly readTimeout: boolean;
+  readonly hostRoute: boolean;
 }
 
 export interface Retiring {
@@ -87,7 +96,7 @@ export type SshPayload =
  * Services found converged, by their entry: the version of what was held then. The loop keeps
  * one across passes; an entry that is no longer referenced goes with its service object.
  */
-export type ConvergedServices = WeakMap<ServiceDesired, object>;
+export type ConvergedServices = WeakMap<ServiceDesired, ServiceFacts>;
 
 const NO_RETIRING: ReadonlyMap<string, Retiring> = new Map();
 const NO_NUMBERS: ReadonlyMap<string, number> = new Map();
@@ -116,11 +125,24 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
   let timeoutsMatched = 0;
   let routesMatched = 0;
 
+  /** Retiring services the document has again. */
+  let backAgain: Set<string> | undefined;
+
   for (const d of desired.services) {
     const sk = d.serviceKey;
+    const facts = observed.facts?.get(sk);
+    if (facts !== undefined && converged !== undefined && converged.get(d) === facts) {
+      // Converged then, and nothing about it changed since: counted, not compared.
+      listening++;
+      heldMatched += facts.held;
+      if (facts.readTimeout) timeoutsMatched++;
+      if (facts.hostRoute) routesMatched++;
+      continue;
+    }
     const isListening = observed.services.has(sk);
     if (isListening) listening++;
     const retiring = gone.has(sk);
+    if (retiring) (backAgain ??= new Set()).add(sk);
     if (retiring) sockets.push(restoreSocket(sk));
     else if (!isListening) sockets.push(createSocket(sk));
     const held = heldBy.get(sk);
@@ -129,9 +151,6 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
     if (timeout !== undefined) timeoutsMatched++;
     const route = haveHosts.get(sk);
     if (route !== undefined) routesMatched++;
-
-    const version = observed.versions?.get(sk);
-    if (converged !== undefined && version !== undefined && converged.get(d) === version) continue;
     const before = tunnels.length + options.length + routes.length + unclaimed.length;
 
     for (const r of d.replicas) {
@@ -150,16 +169,20 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
     if (wantRoute !== undefined ? route !== wantRoute : route !== undefined) routes.push(routeAction(sk, wantRoute ?? null, route));
 
     const quiet = isListening && !retiring && before === tunnels.length + options.length + routes.length + unclaimed.length;
-    if (quiet && converged !== undefined && version !== undefined) converged.set(d, version);
+    if (quiet && converged !== undefined && facts !== undefined) converged.set(d, facts);
   }
 
   // Left over: held services, replicas, timeouts or routes that no service of the document has.
   let wanted: ReadonlySet<string> | undefined;
   const isWanted = (sk: string): boolean => (wanted ??= new Set(desired.services.map((d) => d.serviceKey))).has(sk);
   const removed = new Set<string>();
-  if (observed.services.size > listening) {
-    for (const sk of observed.services.keys()) {
-      if (isWanted(sk)) continue;
+  const leftover = observed.services.size - listening;
+  if (leftover > 0) {
+    // Usually just the retiring services still listening: then those are the leftovers, and
+    // the document's services need not be gathered to find them.
+    const stillRetiring = [...gone.keys()].filter((sk) => !backAgain?.has(sk) && observed.services.has(sk));
+    const candidates = stillRetiring.length === leftover ? stillRetiring : [...observed.services.keys()].filter((sk) => !isWanted(sk));
+    for (const sk of candidates) {
       removed.add(sk);
       const r = gone.get(sk);
       if (!r) sockets.push(retireSocket(sk, desired.domains?.()));

@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import { createSshLoop } from '../../../src/reconcilers/ssh/index.js';
 import { HostKeyBook, sha256Fingerprint } from '../../../src/reconcilers/ssh/host-keys.js';
-import { planDifference, planSsh } from '../../../src/reconcilers/ssh/plan.js';
+import { planDifference, planSsh, type ConvergedServices, type ServiceFacts } from '../../../src/reconcilers/ssh/plan.js';
 import { desiredFromSpec, describeTarget } from '../../../src/reconcilers/ssh/targets.js';
 import type { StatusSnapshot } from '../../../src/reconcilers/types.js';
 import { desiredReplica, heldAs, specOf } from './harness.js';
@@ -188,33 +188,36 @@ describe('plan skipping converged services', () => {
   const loop = createSshLoop({ stateDir: '/nonexistent' });
   const spec = specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }], other: [{ id: 'r2', appPort: 8000, ssh }] });
   const desired = loop.desired(spec, none);
+  const facts = (held: number): ServiceFacts => ({ listening: true, held, readTimeout: false, hostRoute: false });
 
-  it('compares a service again only when its entry or the version of what is held for it changed', () => {
-    const converged = new WeakMap<object, object>();
+  it('compares a service again only when its entry or its facts changed', () => {
+    const converged: ConvergedServices = new WeakMap();
     const held = heldAs(desired);
-    const versions = new Map<string, object>([
-      ['main/app', {}],
-      ['main/other', {}],
+    const byService = new Map([
+      ['main/app', facts(1)],
+      ['main/other', facts(1)],
     ]);
-    expect(planSsh(desired, { ...held, versions }, 1000, converged)).toEqual([]);
-    // r1 no longer held, but its service's version says nothing changed: not compared again.
+    expect(planSsh(desired, { ...held, facts: byService }, 1000, converged)).toEqual([]);
+    // r1 no longer held, but its service's facts say nothing changed: not compared again.
     const without = { ...held, replicas: new Map([...held.replicas].filter(([id]) => id !== 'r1')) };
-    expect(planSsh(desired, { ...without, versions }, 1000, converged)).toEqual([]);
-    // Its version replaced, as the loop does on every change: compared, and r1 is opened again.
-    versions.set('main/app', {});
-    expect(planSsh(desired, { ...without, versions }, 1000, converged).map((a) => `${a.kind} ${a.key}`)).toEqual(['create replica:r1']);
-    // Without versions nothing is skipped.
+    expect(planSsh(desired, { ...without, facts: byService }, 1000, converged)).toEqual([]);
+    // New facts, as the loop makes on every change: compared, and r1 is opened again.
+    byService.set('main/app', facts(0));
+    expect(planSsh(desired, { ...without, facts: byService }, 1000, converged).map((a) => `${a.kind} ${a.key}`)).toEqual([
+      'create replica:r1',
+    ]);
+    // Without facts nothing is skipped.
     expect(planSsh(desired, without, 1000, converged).map((a) => `${a.kind} ${a.key}`)).toEqual(['create replica:r1']);
   });
 
   it('finds what spans services by counting: a removed service, a replica that moved, a route left behind', () => {
-    const converged = new WeakMap<object, object>();
-    const versions = new Map<string, object>([
-      ['main/app', {}],
-      ['main/other', {}],
+    const converged: ConvergedServices = new WeakMap();
+    const byService = new Map([
+      ['main/app', facts(1)],
+      ['main/other', facts(1)],
     ]);
     const held = heldAs(desired);
-    expect(planSsh(desired, { ...held, versions }, 1000, converged)).toEqual([]);
+    expect(planSsh(desired, { ...held, facts: byService }, 1000, converged)).toEqual([]);
     // r2 moves from other to app; other leaves the document.
     const next = loop.desired(
       specOf(KEY, {
@@ -225,8 +228,25 @@ describe('plan skipping converged services', () => {
       }),
       none,
     );
-    const plan = planSsh(next, { ...held, versions, hosts: new Map([['main/gone', 'gone.test']]) }, 1000, converged);
+    const hosts = new Map([['main/gone', 'gone.test']]);
+    const plan = planSsh(next, { ...held, facts: byService, hosts }, 1000, converged);
     expect(plan.map((a) => `${a.kind} ${a.key}`)).toEqual(['delete service:main/other', 'update replica:r2', 'delete host:main/gone']);
-    expect(planDifference(plan, planSsh(next, { ...held, hosts: new Map([['main/gone', 'gone.test']]) }, 1000))).toBeNull();
+    expect(planDifference(plan, planSsh(next, { ...held, hosts }, 1000))).toBeNull();
+  });
+
+  it('a retiring service left over is found without gathering the document; one back again is restored', () => {
+    const converged: ConvergedServices = new WeakMap();
+    const held = heldAs(desired);
+    const retiring = new Map([['main/gone', { since: 2, at: 0, caughtUpAt: null, replicas: new Set<string>() }]]);
+    const observed = { ...held, services: new Set([...held.services, 'main/gone']), retiring, now: 10 };
+    expect(planSsh({ ...desired, routedUpTo: 1 }, observed, 1000, converged)).toEqual([]);
+    expect(planSsh({ ...desired, routedUpTo: 2 }, observed, 1000, converged).map((a) => `${a.kind} ${a.key}`)).toEqual([
+      'close service:main/gone',
+    ]);
+    const back = loop.desired(
+      specOf(KEY, { app: [{ id: 'r1', appPort: 8000, ssh }], gone: [], other: [{ id: 'r2', appPort: 8000, ssh }] }),
+      none,
+    );
+    expect(planSsh(back, observed, 1000, converged).map((a) => `${a.kind} ${a.key}`)).toEqual(['restore service:main/gone']);
   });
 });
