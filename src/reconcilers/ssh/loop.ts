@@ -17,9 +17,7 @@
 // retired it: its host's new service, or an unknown host's 404 (Replicas.setLeft), so a removal
 // is served without waiting for the reload that drops its site.
 
-import { connect as netConnect } from 'node:net';
 import { join } from 'node:path';
-import type { Duplex } from 'node:stream';
 import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
 import { backoffPolicy, type BackoffPolicy } from '../backoff.js';
@@ -33,16 +31,16 @@ import {
   type LoopHandle,
   type MetricFamily,
   type StatusSnapshot,
-  type StatusWriter,
 } from '../types.js';
-import { Balancer, Replicas, type ReplicasOptions, type Upstream } from '../../dataplane/index.js';
+import { Balancer, Replicas, type ReplicasOptions } from '../../dataplane/index.js';
 import { HostKeyBook } from './host-keys.js';
 import { domainsOf } from './host-routes.js';
-import { describeTarget, servicesDesired, type DesiredReplica } from './targets.js';
+import { servicesDesired } from './targets.js';
 import { replicaLoadStatus, sshMetricFamilies, type ReplicaLoadStatus } from './metrics.js';
-import { ReplicaTunnel, type TunnelState } from './tunnel.js';
 import { SharedChains } from './shared-chains.js';
 import { PlanIndex } from './plan-index.js';
+import { HeldReplicas } from './held-replicas.js';
+import { SshApplier } from './apply.js';
 
 export { replicaObjectKey, SSH_LOOP } from '../outputs.js';
 export type { ObservedSsh, Retiring, SshDesired, SshPayload } from './plan.js';
@@ -55,7 +53,7 @@ import {
   type SshDesired,
   type SshPayload,
 } from './plan.js';
-import { replicaObjectKey, SSH_LOOP, type ReplicaTunnelOutputs, type ServiceSocketOutputs } from '../outputs.js';
+import { SSH_LOOP } from '../outputs.js';
 
 export interface SshLoopOptions {
   /** Sockets go to <stateDir>/sockets unless socketDir is given. */
@@ -119,13 +117,6 @@ export interface SshLoopStats {
   draining: number;
 }
 
-interface Held {
-  desired: DesiredReplica;
-  upstream: Upstream;
-  tunnel: ReplicaTunnel | null;
-  state: () => TunnelState;
-}
-
 export interface SshLoop extends Loop<SshDesired, ObservedSsh, SshPayload> {
   /** The sockets Nginx connects to. */
   readonly balancer: Balancer;
@@ -173,12 +164,28 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     share: o.shareConnections ?? true,
   };
   const chains = new SharedChains(chainOptions);
-  const held = new Map<string, Held>();
   const retiring = new Map<string, Retiring>();
+  /** The live status between passes (tunnel events); from start(). */
+  let handle: LoopHandle | null = null;
+  let closing: Promise<void> | null = null;
+  const drainMs = o.drainMs ?? 30_000;
+  const held = new HeldReplicas({
+    replicas,
+    chains,
+    clock,
+    random,
+    reconnect,
+    probeIntervalMs: o.probeIntervalMs ?? 10_000,
+    channelOpenTimeoutMs: o.channelOpenTimeoutMs ?? 10_000,
+    connectTimeoutMs: o.connectTimeoutMs ?? 10_000,
+    drainMs,
+    status: () => handle?.status,
+    index: { held: (sk, id) => index.held(sk, id), dropped: (sk, id) => index.dropped(sk, id) },
+  });
   // What the plan reads of the held replicas, kept up to date service by service instead of
   // built per pass (see PlanIndex): a pass after a one-service change costs that service.
   const index = new PlanIndex({
-    heldReplicas: held,
+    heldReplicas: held.map,
     retiring,
     listening: balancer.listeningKeys(),
     readTimeouts: replicas.serviceReadTimeouts(),
@@ -186,114 +193,24 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   });
   /** Services found converged by earlier passes (planSsh). */
   const converged: ConvergedServices = new WeakMap();
-  const drainMs = o.drainMs ?? 30_000;
-  const graceMs = o.retireGraceMs ?? 1_000;
-  const draining = new Set<Promise<void>>();
-  const stats: SshLoopStats = { draining: 0 };
-  /** Successful SSH logins per replica id, for the reconnect output and metric. */
-  const connects = new Map<string, number>();
-  const reconnects = (id: string): number => Math.max(0, (connects.get(id) ?? 0) - 1);
-  /** The live status between passes (tunnel events); from start(). */
-  let handle: LoopHandle | null = null;
-  let closing: Promise<void> | null = null;
-
-  /** What a tunnel reports about itself: its Ready condition and its reconnects. */
-  const report = (d: DesiredReplica, s: TunnelState, status: StatusWriter | undefined = handle?.status): void => {
-    if (held.get(d.id)?.desired !== d) return; // replaced or removed meanwhile
-    if (status === undefined) return; // not started by a controller, or closed
-    const key = replicaObjectKey(d.serviceKey, d.id);
-    status.set(key, { type: 'Ready', status: s.ready ? 'True' : 'False', reason: s.reason, message: s.message });
-    status.setOutputs(key, { reconnects: reconnects(d.id) } satisfies ReplicaTunnelOutputs);
-  };
-
-  const socketOutputs = (sk: string): ServiceSocketOutputs => ({ socketPath: balancer.socketPathFor(sk) });
-
-  /** Puts a replica in rotation; its tunnel, if it has one, starts connecting. */
-  const hold = (d: DesiredReplica, ctx: LoopContext): void => {
-    const t = d.target;
-    let h: Held;
-    if (d.problem !== null) {
-      const state: TunnelState = { ready: false, reason: 'InvalidConfig', message: d.problem };
-      h = {
-        desired: d,
-        tunnel: null,
-        state: () => state,
-        upstream: { isReady: () => false, open: () => Promise.reject(new Error(d.problem ?? '')) },
-      };
-    } else if (t.kind === 'direct') {
-      const state: TunnelState = { ready: true, reason: 'Connected', message: `direct ${describeTarget(t)}` };
-      h = {
-        desired: d,
-        tunnel: null,
-        state: () => state,
-        upstream: { isReady: () => true, open: () => openTcp(t.host, t.port, o.connectTimeoutMs ?? 10_000) },
-      };
-    } else {
-      const tunnel = new ReplicaTunnel({
-        target: t,
-        chains,
-        hostKeyScope: { policy: t.hostKeyPolicy ?? 'tofu', replicaId: d.id },
-        clock,
-        random,
-        reconnect,
-        probeIntervalMs: o.probeIntervalMs ?? 10_000,
-        channelOpenTimeoutMs: o.channelOpenTimeoutMs ?? 10_000,
-        onState: (s) => {
-          report(d, s);
-          ctx.logger.info({ replica: d.id, service: d.serviceKey, reason: s.reason, ready: s.ready }, s.message);
-        },
-        onConnected: () => {
-          connects.set(d.id, (connects.get(d.id) ?? 0) + 1);
-          report(d, tunnel.state);
-        },
-      });
-      h = { desired: d, tunnel, upstream: tunnel, state: () => tunnel.state };
-    }
-    held.set(d.id, h);
-    index.held(d.serviceKey, d.id);
-    replicas.set(d.serviceKey, d.id, h.upstream);
-    report(d, h.state(), ctx.status);
-    h.tunnel?.start();
-  };
-
-  /** Takes a replica out of rotation at once; its open connections drain in the background. */
-  const dropReplica = (id: string, serviceKey: string): void => {
-    const h = held.get(id);
-    replicas.remove(serviceKey, id); // out of rotation at once
-    if (!h) return;
-    held.delete(id);
-    index.dropped(h.desired.serviceKey, id);
-    const p = replicas.drain(h.upstream, drainMs).then(() => h.tunnel?.close());
-    draining.add(p);
-    stats.draining = draining.size;
-    void p.finally(() => {
-      draining.delete(p);
-      stats.draining = draining.size;
-    });
-  };
-
-  /** Nothing routes to a retired service any more: its replicas leave, its socket closes. */
-  const closeService = async (sk: string, ctx: LoopContext): Promise<void> => {
-    const r = retiring.get(sk);
-    retiring.delete(sk);
-    index.touch(sk);
-    replicas.clearLeft(sk);
-    for (const id of r?.replicas ?? []) {
-      if (held.get(id)?.desired.serviceKey !== sk) continue; // reused by another service meanwhile
-      dropReplica(id, sk);
-      ctx.status.delete(replicaObjectKey(sk, id));
-    }
-    await balancer.unlisten(sk);
-    index.touch(sk);
-    ctx.status.setOutputs(sk, undefined);
-  };
+  const applier = new SshApplier({
+    balancer,
+    replicas,
+    held,
+    hostKeys,
+    index,
+    retiring,
+    routed: o.routedBy !== undefined,
+    drainMs,
+    graceMs: o.retireGraceMs ?? 1_000,
+  });
 
   const loop = defineLoop({
     name: SSH_LOOP,
     ...(o.routedBy ? { watches: [o.routedBy] } : {}),
     balancer,
     replicas,
-    stats,
+    stats: held.stats,
 
     start(h: LoopHandle): void {
       handle = h;
@@ -343,127 +260,31 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
       return actions;
     },
 
-    async applyBatch(actions: Action<SshPayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
-      const outcomes = new Map<string, BatchOutcome>();
-      const listen: string[] = [];
-      const unlisten: string[] = [];
-      const now = ctx.clock.now();
-      // 0. Removed services retire: socket and replicas keep serving while the router may
-      //    still send them requests (it is told in the same round, after this pass).
-      for (const action of actions) {
-        const p = action.payload;
-        if (p.what === 'restore') {
-          retiring.delete(p.serviceKey);
-          index.touch(p.serviceKey);
-          replicas.clearLeft(p.serviceKey);
-          outcomes.set(action.key, 'done');
-        } else if (p.what === 'service' && action.kind === 'delete' && o.routedBy) {
-          const ids = index.heldUnder(p.serviceKey);
-          retiring.set(p.serviceKey, { since: ctx.generation, at: now, caughtUpAt: null, replicas: ids });
-          index.touch(p.serviceKey);
-          // Its requests from the site Nginx still has are answered as the document says now.
-          if (p.claimed) replicas.setLeft(p.serviceKey, p.claimed);
-          // Come back when the drain period is over even if the router never catches up.
-          outcomes.set(action.key, { requeueAfterMs: drainMs });
-        } else if (p.what === 'close') {
-          const r = retiring.get(p.serviceKey);
-          if (r && r.caughtUpAt === null) r.caughtUpAt = now;
-          const wait = r && now - r.at < drainMs ? r.caughtUpAt! + graceMs - now : 0;
-          if (wait > 0) outcomes.set(action.key, { requeueAfterMs: wait });
-          else unlisten.push(p.serviceKey);
-        }
-      }
-      // 1. Replicas (in memory, at once): a socket that starts listening below already has its
-      //    replicas in rotation; those of a retiring service stay until it closes.
-      for (const action of actions) {
-        const p = action.payload;
-        if (p.what === 'host') {
-          replicas.setHostRoute(p.serviceKey, p.host);
-          index.touch(p.serviceKey);
-          outcomes.set(action.key, 'done');
-          continue;
-        }
-        if (p.what === 'options') {
-          replicas.setServiceOptions(p.serviceKey, p.readTimeoutMs === null ? {} : { readTimeoutMs: p.readTimeoutMs });
-          index.touch(p.serviceKey);
-          outcomes.set(action.key, 'done');
-          continue;
-        }
-        if (p.what === 'service') {
-          if (action.kind !== 'delete') listen.push(p.serviceKey);
-          else if (!o.routedBy) unlisten.push(p.serviceKey);
-          continue;
-        }
-        if (p.what !== 'replica') continue;
-        try {
-          const id = action.key.slice('replica:'.length);
-          const r = p.previous ? retiring.get(p.previous.serviceKey) : undefined;
-          if (p.replica === null && r?.replicas.has(id)) {
-            outcomes.set(action.key, 'done'); // closes with its service
-            continue;
-          }
-          const prev = p.previous ?? (held.has(id) ? { serviceKey: held.get(id)!.desired.serviceKey } : null);
-          if (prev) {
-            retiring.get(prev.serviceKey)?.replicas.delete(id);
-            dropReplica(id, prev.serviceKey);
-            ctx.status.delete(replicaObjectKey(prev.serviceKey, id));
-          }
-          if (p.replica) hold(p.replica, ctx);
-          outcomes.set(action.key, 'done');
-        } catch (error) {
-          outcomes.set(action.key, { error });
-        }
-      }
-      // Replicas that left (no longer held) leave no trust behind; before any await, so no
-      // handshake of a tunnel started above is judged by a departed replica's keys.
-      hostKeys.retain(held);
-      // 2. Sockets: closed ones (at once; their open connections drain in the background),
-      //    then new ones bound several at a time (1,000s on a cold start).
-      await Promise.all(
-        unlisten.map((sk) =>
-          closeService(sk, ctx).then(
-            () => outcomes.set(`service:${sk}`, 'done'),
-            (error: unknown) => outcomes.set(`service:${sk}`, { error }),
-          ),
-        ),
-      );
-      const failed = await balancer.listenAll(listen);
-      for (const sk of listen) {
-        index.touch(sk);
-        if (failed.has(sk)) {
-          outcomes.set(`service:${sk}`, { error: failed.get(sk) });
-          continue;
-        }
-        ctx.status.setOutputs(sk, socketOutputs(sk));
-        outcomes.set(`service:${sk}`, 'done');
-      }
-      hostKeys.retain(held); // and those of services closed above
-      return outcomes;
+    applyBatch(actions: Action<SshPayload>[], ctx: LoopContext): Promise<ReadonlyMap<string, BatchOutcome>> {
+      return applier.apply(actions, ctx);
     },
 
     activeConnections(replicaId: string): number {
-      const h = held.get(replicaId);
-      return h ? replicas.inFlight(h.upstream) : 0;
+      return held.activeConnections(replicaId);
     },
 
     close(): Promise<void> {
       closing ??= (async () => {
         handle = null;
-        for (const h of held.values()) h.tunnel?.close();
-        held.clear();
+        held.closeAll();
         retiring.clear();
         index.clear();
         await balancer.close();
         await replicas.close(); // destroys open connections: drains end at once
-        await Promise.all(draining);
+        await held.drained();
       })();
       return closing;
     },
 
     metrics(): readonly MetricFamily[] {
       return sshMetricFamilies(
-        () => [...held].map(([id, h]) => [h.desired.serviceKey, id, h.state()]),
-        reconnects,
+        () => [...held.map].map(([id, h]) => [h.desired.serviceKey, id, h.state()]),
+        (id) => held.reconnects(id),
         replicas,
         () => chains.size,
       );
@@ -474,18 +295,6 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     },
   });
   return loop satisfies SshLoop;
-}
-
-function openTcp(host: string, port: number, timeoutMs: number): Promise<Duplex> {
-  return new Promise((resolve, reject) => {
-    const sock = netConnect({ host, port, noDelay: true });
-    sock.setTimeout(timeoutMs, () => sock.destroy(new Error(`connect to ${host}:${port} timed out`)));
-    sock.once('connect', () => {
-      sock.setTimeout(0);
-      resolve(sock);
-    });
-    sock.once('error', reject);
-  });
 }
 
 /**
