@@ -5,6 +5,7 @@
 
 import { join } from 'node:path';
 import type { CertificateOutputs } from '../outputs.js';
+import type { StatusWriter } from '../types.js';
 import type { DomainBackoff } from './backoff.js';
 import type { CertCheck, CertInfo } from './certificate.js';
 
@@ -109,4 +110,12 @@ export function certificateOutputsOf(i: DomainInfo, certsDir: string): Certifica
     nextAttemptTime: i.nextAttemptTime !== undefined ? iso(i.nextAttemptTime) : null,
     lastError: i.lastError ?? null,
   };
+}
+
+/** A domain's status: outputs first, so a reader never sees Ready=True next to the outputs of an older state. */
+export function reportDomain(status: StatusWriter, info: DomainInfo, certsDir: string): void {
+  status.setOutputs(info.domain, certificateOutputsOf(info, certsDir));
+  const { ready, issuing } = domainConditions(info);
+  status.set(info.domain, ready);
+  status.set(info.domain, issuing);
 }
