@@ -80,6 +80,37 @@ export async function startCompatGateway(o: CompatGatewayOptions = {}): Promise<
   };
 }
 
+/** The stored document's generation, read from the gateway's store. */
+export async function generation(t: TestGateway): Promise<number> {
+  return (await t.gw.store.read()).generation;
+}
+
+export interface DstackReply {
+  status: number;
+  json: unknown;
+  body: string;
+}
+
+/** A POST (a body, or none for the unregisters) or a GET, as dstack's GatewayClient sends it. */
+export async function dstack(t: TestGateway, path: string, body?: unknown, method = 'POST'): Promise<DstackReply> {
+  const r = await api(t, { method, path, ...(body !== undefined ? { body } : {}) });
+  return { status: r.status, json: r.json, body: r.body };
+}
+
+export interface Listed {
+  id: string | null;
+  project_name: string;
+  run_name: string;
+  replicas: { id: string }[];
+}
+
+/** `services/list` as the server reads it. */
+export async function listed(t: TestGateway): Promise<Listed[]> {
+  const r = await api(t, { path: dstackPaths.list });
+  if (r.status !== 200) throw new Error(`services/list answered ${r.status}: ${r.body}`);
+  return (r.json as { services: Listed[] }).services;
+}
+
 /** The stored document's generation (GET /api/v1/state). */
 export async function generationOf(t: { apiPort: number }): Promise<number> {
   const r = await api(t, { path: '/api/v1/state' });

@@ -11,7 +11,7 @@ import { eventually } from '../../helpers/nginx.js';
 import { freePort } from '../../helpers/ports.js';
 import { startSshd, type TestSshd } from '../../helpers/sshd.js';
 import { tmpDir } from '../../helpers/tmp.js';
-import { dstack, listed, startCompatGateway } from './compat-harness.js';
+import { dstack, listed, startCompatGateway } from './harness.js';
 import { dstackId, dstackPaths, dstackProjectKey, registerServicePayload, vmReplicaPayload, type DstackKey } from './fixtures.js';
 
 const SERVICES = 30;

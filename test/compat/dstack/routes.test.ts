@@ -26,7 +26,7 @@ import { freePort } from '../../helpers/ports.js';
 import { startSshd, type TestSshd } from '../../helpers/sshd.js';
 import { tmpDir } from '../../helpers/tmp.js';
 import { call, startControlServer, startGatewayWith, type ControlServer } from '../../e2e/integration-harness.js';
-import { dstack, generation, listed, startCompatGateway } from './compat-harness.js';
+import { dstack, generation, listed, startCompatGateway } from './harness.js';
 import {
   configPayload,
   dstackId,
@@ -59,7 +59,7 @@ beforeAll(async () => {
   writeFileSync(tokenFile, `${TOKEN}\n`, { mode: 0o600 });
   // An API token for the management routes: dstack's routes and the stats still take none.
   control = await startControlServer({ main: ['member-token'] });
-  t = await startCompatGateway({ apiTokenFile: tokenFile, serverUrl: control.url });
+  t = await startCompatGateway({ flags: { apiTokenFile: tokenFile, serverUrl: control.url } });
 }, 60_000);
 
 afterAll(async () => {
@@ -390,7 +390,7 @@ describe('off by default, loopback only', () => {
     const tokenFile = join(tmp.dir, 'token');
     const cases: Record<string, string>[] = [{ apiHost: '0.0.0.0' }, { apiHost: '0.0.0.0', apiTokenFile: tokenFile }];
     for (const flags of cases) {
-      await expect(startCompatGateway(flags)).rejects.toMatchObject({
+      await expect(startCompatGateway({ flags })).rejects.toMatchObject({
         code: 'DP_ERR_BAD_OPTION',
         message: expect.stringContaining('loopback'),
       });

@@ -18,7 +18,7 @@ import { tmpDir } from '../../helpers/tmp.js';
 import { certificateCheck, replicaCheck, waitForStatus, type StatusSource } from '../../../src/compat/dstack/waits.js';
 import type { LoopStatus, StatusSnapshot } from '../../../src/reconcilers/types.js';
 import { call } from '../../e2e/integration-harness.js';
-import { dstack, listed, startCompatGateway } from './compat-harness.js';
+import { dstack, listed, startCompatGateway } from './harness.js';
 import {
   dstackId,
   dstackPaths,
@@ -154,7 +154,7 @@ describe('the checks (pure)', () => {
 describe('replicas/register waits for the tunnel (3 s bound)', () => {
   let t: TestGateway;
   beforeAll(async () => {
-    t = await startCompatGateway({ dstackCompatReplicaWait: '3' }, { ssh: { reconnect: { baseMs: 200, maxMs: 1_000 } } });
+    t = await startCompatGateway({ flags: { dstackCompatReplicaWait: '3' }, deps: { ssh: { reconnect: { baseMs: 200, maxMs: 1_000 } } } });
     const r = await dstack(
       t,
       dstackPaths.registerService('main'),
@@ -229,7 +229,7 @@ describe('replicas/register waits for the tunnel (3 s bound)', () => {
 
 describe('a wait when the daemon closes', () => {
   it('holds no lock, ends at once with 503 (not a refusal), and the replica stays registered', async () => {
-    const t = await startCompatGateway({ dstackCompatReplicaWait: '600' });
+    const t = await startCompatGateway({ flags: { dstackCompatReplicaWait: '600' } });
     try {
       expect(
         (
@@ -284,7 +284,7 @@ describe('https registrations against Pebble', () => {
   describe('--dstack-compat-tls wait', () => {
     let t: TestGateway;
     beforeAll(async () => {
-      t = await startCompatGateway({ acmeCaBundle: pebble.caPath, certbotTimeout: '60' }, { resolve });
+      t = await startCompatGateway({ flags: { acmeCaBundle: pebble.caPath, certbotTimeout: '60' }, deps: { resolve } });
       expect((await dstack(t, dstackPaths.config, pebbleConfigPayload(pebble.directoryUrl))).status).toBe(200);
     }, 60_000);
     afterAll(async () => t?.cleanup());
@@ -348,7 +348,10 @@ describe('https registrations against Pebble', () => {
   describe('--dstack-compat-tls async', () => {
     let t: TestGateway;
     beforeAll(async () => {
-      t = await startCompatGateway({ acmeCaBundle: pebble.caPath, certbotTimeout: '60', dstackCompatTls: 'async' }, { resolve });
+      t = await startCompatGateway({
+        flags: { acmeCaBundle: pebble.caPath, certbotTimeout: '60', dstackCompatTls: 'async' },
+        deps: { resolve },
+      });
       expect((await dstack(t, dstackPaths.config, pebbleConfigPayload(pebble.directoryUrl))).status).toBe(200);
     }, 60_000);
     afterAll(async () => t?.cleanup());
