@@ -27,6 +27,7 @@ import { fileURLToPath } from 'node:url';
 import { dstackProjectKey, registerServicePayload, vmReplicaPayload } from '../test/compat/dstack/fixtures.js';
 import { startSshd, type TestSshd } from '../test/helpers/sshd.js';
 import { tmpDir } from '../test/helpers/tmp.js';
+import type { GatewayDeps } from '../src/daemon/gateway.js';
 import { freePort, startBenchGateway } from './gateway.js';
 import { percentile, wanted, type Row } from './table.js';
 
@@ -182,17 +183,14 @@ async function allAnswer(httpPort: number, hosts: string[], deadline: number): P
  */
 type Mode = 'ours' | 'unshared' | 'as-dstack';
 
+function depsOf(mode: Mode): GatewayDeps {
+  if (mode === 'as-dstack') return { nginxLoop: { minReloadIntervalMs: 0 }, ssh: { shareConnections: false } };
+  return mode === 'unshared' ? { ssh: { shareConnections: false } } : {};
+}
+
 async function registerRound(f: Fixture, services: number, mode: Mode): Promise<Round> {
   const tmp = tmpDir('dp-bench-compat-gw-');
-  const { gw, httpPort } = await startBenchGateway(
-    join(tmp.dir, 'state'),
-    mode === 'as-dstack'
-      ? { nginxLoop: { minReloadIntervalMs: 0 }, ssh: { shareConnections: false } }
-      : mode === 'unshared'
-        ? { ssh: { shareConnections: false } }
-        : {},
-    { dstackCompat: 'true' },
-  );
+  const { gw, httpPort } = await startBenchGateway(join(tmp.dir, 'state'), depsOf(mode), { dstackCompat: 'true' });
   try {
     const registry = `${gw.apiUrl}/api/registry/${PROJECT}/services`;
     const serviceMs: number[] = [];
@@ -245,11 +243,7 @@ interface Steady {
  */
 async function steadyRound(f: Fixture, sizes: number[], mode: Mode): Promise<Steady> {
   const tmp = tmpDir('dp-bench-compat-steady-');
-  const { gw } = await startBenchGateway(
-    join(tmp.dir, 'state'),
-    mode === 'as-dstack' ? { nginxLoop: { minReloadIntervalMs: 0 }, ssh: { shareConnections: false } } : {},
-    { dstackCompat: 'true' },
-  );
+  const { gw } = await startBenchGateway(join(tmp.dir, 'state'), depsOf(mode), { dstackCompat: 'true' });
   const bySize = new Map<number, number[]>();
   try {
     const registry = `${gw.apiUrl}/api/registry/${PROJECT}/services`;

@@ -12,13 +12,12 @@ interface Entry {
 
 export class StatusStore {
   #conditions: readonly Condition[] = [];
-  #objects = new Map<string, Entry>();
   /**
-   * The same entries as a record, kept in step with every write: what snapshots hand out.
-   * Copying it per write would make every change cost the whole loop's object count (a pass of
-   * each loop and every listener asks for a snapshot after each write).
+   * The objects' entries, by key: also what snapshots hand out, as a live view. Copying it per
+   * write would make every change cost the whole loop's object count (a pass of each loop and
+   * every listener asks for a snapshot after each write).
    */
-  readonly #view: Record<string, ObjectStatus> = Object.create(null) as Record<string, ObjectStatus>;
+  readonly #objects: Record<string, Entry> = Object.create(null) as Record<string, Entry>;
   readonly #now: () => number;
   readonly #generation: () => number;
   readonly #onChange: () => void;
@@ -41,14 +40,14 @@ export class StatusStore {
   }
 
   setObjectCondition(key: string, cond: ConditionInput): void {
-    const entry = this.#objects.get(key);
+    const entry = this.#objects[key];
     const { conditions, changed } = setCondition(entry?.conditions ?? [], cond, this.#now());
     if (!changed) return;
     this.#store(key, frozenEntry(conditions, entry?.outputs));
   }
 
   setObjectOutputs(key: string, outputs: Outputs | undefined): void {
-    const entry = this.#objects.get(key);
+    const entry = this.#objects[key];
     if (sameOutputs(entry?.outputs, outputs)) return;
     const conditions = entry?.conditions ?? [];
     if (outputs === undefined && conditions.length === 0) this.deleteObject(key);
@@ -56,14 +55,13 @@ export class StatusStore {
   }
 
   deleteObject(key: string): void {
-    if (!this.#objects.delete(key)) return;
-    delete this.#view[key];
+    if (!(key in this.#objects)) return;
+    delete this.#objects[key];
     this.#onChange();
   }
 
   #store(key: string, entry: Entry): void {
-    this.#objects.set(key, entry);
-    this.#view[key] = entry as ObjectStatus;
+    this.#objects[key] = entry;
     this.#onChange();
   }
 
@@ -75,12 +73,12 @@ export class StatusStore {
       delete: (key) => this.deleteObject(key),
       prune: (keep) => {
         const keepSet = new Set(keep);
-        for (const key of [...this.#objects.keys()]) if (!keepSet.has(key)) this.deleteObject(key);
+        for (const key of Object.keys(this.#objects)) if (!keepSet.has(key)) this.deleteObject(key);
       },
       // Frozen when stored, conditions and outputs alike: no copy needed.
-      get: (key) => this.#objects.get(key)?.conditions,
-      outputs: (key) => this.#objects.get(key)?.outputs,
-      keys: () => [...this.#objects.keys()].sort(),
+      get: (key) => this.#objects[key]?.conditions,
+      outputs: (key) => this.#objects[key]?.outputs,
+      keys: () => Object.keys(this.#objects).sort(),
     };
   }
 
@@ -92,7 +90,11 @@ export class StatusStore {
    * the view itself follows later writes. Whoever shows or keeps it copies it (sortedObjects).
    */
   snapshot(failures: Record<string, FailureInfo>): LoopStatus {
-    return { conditions: [...this.#conditions], objects: this.#view, failures: structuredClone(failures) };
+    return {
+      conditions: [...this.#conditions],
+      objects: this.#objects as Readonly<Record<string, ObjectStatus>>,
+      failures: structuredClone(failures),
+    };
   }
 }
 

@@ -59,8 +59,6 @@ export function wholeTextHash(state: ProxyState): string {
   return h.digest('hex');
 }
 
-const serviceDigests = new WeakMap<Service, Buffer>();
-
 /**
  * sha256 of one service's text. Node's one-shot hash (20.12 and later) costs half what a Hash
  * object does at this size, which is most of a cold hash of 10,000 services.
@@ -69,30 +67,38 @@ const oneShot = (crypto as Partial<typeof crypto>).hash;
 const sha256: (text: string) => Buffer =
   typeof oneShot === 'function' ? (text) => oneShot('sha256', text, 'buffer') : (text) => createHash('sha256').update(text).digest();
 
-function serviceDigest(service: Service): Buffer {
-  let digest = serviceDigests.get(service);
-  if (digest === undefined) {
-    digest = sha256(serviceJson(service));
-    serviceDigests.set(service, digest);
-  }
-  return digest;
+/**
+ * What is derived from a service object's JSON, made once per object: its text, and when first
+ * asked its sha256 (the document hash) and UTF-8 bytes (a stored file). Sound because a
+ * normalised service is never changed in place: normalise() and the dstack mapper build a new
+ * object for every change and share the untouched ones between generations, which is what makes
+ * the memo pay.
+ */
+interface ServiceMemo {
+  text: string;
+  digest?: Buffer;
+  bytes?: Buffer;
 }
 
-/**
- * JSON of each service object already serialised. Sound because a normalised service is never
- * changed in place: normalise() and the dstack mapper build a new object for every change and
- * share the untouched ones between generations, which is what makes the memo pay.
- */
-const serviceTexts = new WeakMap<Service, string>();
+const serviceMemos = new WeakMap<Service, ServiceMemo>();
+
+function memoOf(service: Service): ServiceMemo {
+  let memo = serviceMemos.get(service);
+  if (memo === undefined) {
+    memo = { text: JSON.stringify(service) };
+    serviceMemos.set(service, memo);
+  }
+  return memo;
+}
 
 /** JSON.stringify(service), memoised per service object. */
 export function serviceJson(service: Service): string {
-  let text = serviceTexts.get(service);
-  if (text === undefined) {
-    text = JSON.stringify(service);
-    serviceTexts.set(service, text);
-  }
-  return text;
+  return memoOf(service).text;
+}
+
+function serviceDigest(service: Service): Buffer {
+  const memo = memoOf(service);
+  return (memo.digest ??= sha256(memo.text));
 }
 
 /**
@@ -105,8 +111,6 @@ export function specJson(spec: ProxyStateSpec, between = ','): string {
   writeSpec(spec, between, (text) => parts.push(text));
   return parts.join('');
 }
-
-const serviceBytes = new WeakMap<Service, Buffer>();
 
 /**
  * specJson's text as UTF-8 byte chunks, each service's bytes memoised per service object: what
@@ -121,12 +125,8 @@ export function specChunks(spec: ProxyStateSpec, between = ','): Buffer[] {
     between,
     (text) => chunks.push(text === between ? separator : Buffer.from(text, 'utf8')),
     (service) => {
-      let bytes = serviceBytes.get(service);
-      if (bytes === undefined) {
-        bytes = Buffer.from(serviceJson(service), 'utf8');
-        serviceBytes.set(service, bytes);
-      }
-      chunks.push(bytes);
+      const memo = memoOf(service);
+      chunks.push((memo.bytes ??= Buffer.from(memo.text, 'utf8')));
     },
   );
   return chunks;
