@@ -59,3 +59,22 @@ export class KeyTimers {
     return this.#handles.has(key);
   }
 }
+
+/**
+ * Calls `fn` every `ms` on the clock (the next call is set before `fn` runs, so a call that
+ * throws does not end the series) until the returned stop function is called.
+ */
+export function every(clock: Clock, ms: number, fn: () => void): () => void {
+  let stopped = false;
+  let handle: TimerHandle = undefined;
+  const tick = (): void => {
+    if (stopped) return;
+    handle = clock.setTimeout(tick, ms);
+    fn();
+  };
+  handle = clock.setTimeout(tick, ms);
+  return () => {
+    stopped = true;
+    clock.clearTimeout(handle);
+  };
+}

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { KeyTimers } from '../src/clock.js';
+import { every, KeyTimers } from '../src/clock.js';
 import { FakeClock } from './helpers/fake-clock.js';
 
 describe('FakeClock', () => {
@@ -48,5 +48,23 @@ describe('KeyTimers', () => {
     t.clearAll();
     clock.advance(100);
     expect(fired).toEqual(['b']);
+  });
+});
+
+describe('every', () => {
+  it('repeats on the clock, keeps going after a call that throws, and stops when told', () => {
+    const clock = new FakeClock(0);
+    const at: number[] = [];
+    const stop = every(clock, 100, () => {
+      at.push(clock.now());
+      if (at.length === 2) throw new Error('one bad tick');
+    });
+    expect(() => clock.advance(200)).toThrow('one bad tick');
+    clock.advance(150);
+    expect(at).toEqual([100, 200, 300]);
+    stop();
+    clock.advance(1_000);
+    expect(at).toEqual([100, 200, 300]);
+    expect(clock.pendingTimers()).toBe(0);
   });
 });

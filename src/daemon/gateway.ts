@@ -75,7 +75,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       );
     },
     // A corrupt state.json fails here, before anything else is touched.
-    store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }) }),
+    store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }),
     async loops(d) {
       host = await prepareGatewayHost(options, logger, () => d.controller.notify());
       loops = gatewayLoops(options, host, () => d.current().generation, deps);

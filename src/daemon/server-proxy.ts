@@ -150,7 +150,8 @@ export async function startServerProxy(o: ServerProxyServerOptions, deps: Server
         logger,
       );
     },
-    store: () => openStore(o.db, { logger: logger.child({ component: 'store' }), ...(deps.pollMs ? { pollMs: deps.pollMs } : {}) }),
+    store: () =>
+      openStore(o.db, { logger: logger.child({ component: 'store' }), ...(deps.pollMs ? { pollMs: deps.pollMs } : {}), ...clock }),
     // Tunnels: the SSH loop in-process, eager for every replica; requests via its replicas.
     async loops(d) {
       if (!stateDir) {

@@ -89,6 +89,7 @@ export function gatewayRoutes(
             replicaWaitS: options.dstackCompatReplicaWait,
             tls: options.dstackCompatTls,
             certbotTimeoutS: options.certbotTimeout,
+            ...clock,
           }),
         ]
       : []),

@@ -17,11 +17,15 @@ import { maxHeaderSize as defaultMaxHeaderSize, type IncomingMessage, type Serve
 import type { Socket } from 'node:net';
 import { Server as TlsServer } from 'node:tls';
 import type { Logger } from 'pino';
+import { every } from '../clock.js';
 import { sendDetail } from '../dataplane/detail.js';
 import { plainIp } from './headers.js';
 import { proxyHttp, type HttpProxyContext, type ProxyRequest, type ProxyResponse } from './http-proxy.js';
 import { SERVICES_PATH } from './paths.js';
 import { RawConnection } from './raw/connection.js';
+
+/** How often idle raw connections are looked for: one timer for all of them, not one each. */
+const SWEEP_INTERVAL_MS = 1_000;
 
 /**
  * Put the proxy in front of Node's HTTP handling for /proxy/services/ requests, on a plain
@@ -73,6 +77,7 @@ export function installFastPath(
       if (pending !== null) socket.unshift(pending);
     },
     closing,
+    clock: ctx.clock,
     get keepAliveTimeoutMs(): number {
       return server.keepAliveTimeout > 0 ? server.keepAliveTimeout : 5_000;
     },
@@ -84,11 +89,11 @@ export function installFastPath(
     },
   };
   const gone = (c: RawConnection): void => void open.delete(c);
-  const sweeper = setInterval(() => {
-    const now = Date.now();
+  const stopSweeping = every(ctx.clock, SWEEP_INTERVAL_MS, () => {
+    const now = ctx.clock.now();
     for (const c of open) c.sweep(now);
-  }, 1_000).unref();
-  server.once('close', () => clearInterval(sweeper));
+  });
+  server.once('close', stopSweeping);
   server.on('connection', function onConnection(this: Server, socket: Socket): void {
     if (closing()) return node.call(this, socket);
     open.add(new RawConnection(socket, options, gone));

@@ -20,6 +20,7 @@ import { STATUS_CODES } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import type { Logger } from 'pino';
+import type { Clock } from '../clock.js';
 import { hasDuplicateHost, withErrorPath, type Http1Exchange, type Http1Handler } from '../http1/index.js';
 import { admit, type Admission, type AdmitContext } from './admit.js';
 import { hasBody, sendDetail } from '../dataplane/detail.js';
@@ -59,6 +60,8 @@ export interface ProxyResponse {
 export interface HttpProxyContext extends AdmitContext {
   /** The data plane: the replica for each request, and its keep-alive pool. */
   replicas: ReplicaRouter;
+  /** Idle connections and streams are timed on it. */
+  clock: Clock;
   stats: InProcessStats;
   logger?: Logger;
 }

@@ -14,6 +14,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest, HookHandlerDoneFunc
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
+import { systemClock, type Clock } from '../clock.js';
 import type { ProxyState, Service } from '../spec/types.js';
 import { ServiceIndex, type Authorize } from './admit.js';
 import { rawDetail, sendDetail } from '../dataplane/detail.js';
@@ -41,8 +42,8 @@ export interface ServerProxyOptions {
    * and read timeouts are the data plane's own options.)
    */
   readTimeoutMs?: number;
-  /** For rate limits and stats. Default the system clock. */
-  clock?: { now(): number };
+  /** For rate limits, stats and idle connections. Default the system clock. */
+  clock?: Clock;
   logger?: Logger;
   /**
    * Serve /proxy/services/ from the HTTP server's 'request' event, ahead of fastify. Default true.
@@ -80,6 +81,7 @@ export async function registerServerProxy(app: FastifyInstance, o: ServerProxyOp
     replicas: o.replicas,
     stats,
     readTimeoutMs,
+    clock: o.clock ?? systemClock,
     ...(o.logger ? { logger: o.logger } : {}),
   };
 

@@ -10,6 +10,7 @@ import type { IncomingMessage } from 'node:http';
 import { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
+import type { TimerHandle } from '../clock.js';
 import { hasDuplicateHost } from '../http1/index.js';
 import { admit } from './admit.js';
 import { rawDetail, rawReply } from '../dataplane/detail.js';
@@ -61,26 +62,35 @@ export function handleUpgrade(
     ctx.stats.record(a.key, performance.now() - started);
     if (socket instanceof Socket) socket.setNoDelay(true);
     up.on('error', () => up.destroy());
-    // One timer for both directions, pushed back by every chunk: cheaper than a timer per socket.
+    // One timer for both directions: a chunk only notes the time, and the timer, when it fires
+    // early, waits out the rest (a timer per chunk would cost more than the chunk).
     // The service's own read timeout, as Nginx's proxy_read_timeout of its site.
     const idleMs = a.service.readTimeout !== undefined ? a.service.readTimeout * 1000 : ctx.readTimeoutMs;
-    const idle = setTimeout(() => {
+    const { clock } = ctx;
+    let last = clock.now();
+    let idle: TimerHandle;
+    const check = (): void => {
+      const left = last + idleMs - clock.now();
+      if (left > 0) {
+        idle = clock.setTimeout(check, left);
+        return;
+      }
       ctx.logger?.debug({ service: a.key, idleMs }, 'WebSocket idle past the read timeout, closed');
       socket.destroy();
       up.destroy();
-    }, idleMs);
-    idle.unref();
+    };
+    idle = clock.setTimeout(check, idleMs);
     up.once('close', () => {
-      clearTimeout(idle);
+      clock.clearTimeout(idle);
       socket.destroy();
     });
     socket.once('close', () => {
-      clearTimeout(idle);
+      clock.clearTimeout(idle);
       up.destroy();
     });
     socket.pipe(up);
     up.pipe(socket);
-    const active = (): void => void idle.refresh();
+    const active = (): void => void (last = clock.now());
     socket.on('data', active);
     up.on('data', active);
   })().catch((err: unknown) => {

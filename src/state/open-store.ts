@@ -2,6 +2,7 @@
 // `postgresql://…`, or a state directory (`file:DIR` or a bare path) holding state.json.
 
 import type { Logger } from 'pino';
+import type { Clock } from '../clock.js';
 import { ProxyError } from '../errors.js';
 import { openPostgresStore, type PostgresStoreOptions } from './postgres-store.js';
 import { openWatchedFileStore } from './watched-file-store.js';
@@ -36,7 +37,8 @@ export function parseStoreUrl(url: string): StoreLocation {
 
 export interface OpenStoreOptions {
   logger?: Logger;
-  clock?: { now(): number };
+  /** Timestamps and every timer of the store (polls, reconnect backoff). Default systemClock. */
+  clock?: Clock;
   /** Watch poll interval for SQLite and state.json (default 250 ms); the safety-net poll for PostgreSQL (default 5 s). */
   pollMs?: number;
   /** Extra PostgreSQL settings (pool size, reconnect backoff, SSL via config). */

@@ -3,6 +3,7 @@
 // followed by onConnected(), so a change committed while we were disconnected is not missed.
 
 import pg from 'pg';
+import { systemClock, type Clock, type TimerHandle } from '../clock.js';
 
 export interface ListenerOptions {
   config: pg.ClientConfig;
@@ -14,6 +15,8 @@ export interface ListenerOptions {
   initialDelayMs?: number;
   /** Default 5 s. */
   maxDelayMs?: number;
+  /** Runs the reconnect backoff. Default systemClock (unref'd: a pending reconnect never holds the process). */
+  clock?: Clock;
 }
 
 export const RECONNECT_INITIAL_DELAY_MS = 100;
@@ -22,10 +25,13 @@ export const RECONNECT_MAX_DELAY_MS = 5_000; // 5 s
 export class PgListener {
   private client: pg.Client | undefined;
   private attempt = 0;
-  private timer: NodeJS.Timeout | undefined;
+  private timer: TimerHandle | undefined;
   private stopped = false;
+  private readonly clock: Clock;
 
-  constructor(private readonly options: ListenerOptions) {}
+  constructor(private readonly options: ListenerOptions) {
+    this.clock = options.clock ?? systemClock;
+  }
 
   start(): void {
     void this.connect();
@@ -33,7 +39,8 @@ export class PgListener {
 
   async stop(): Promise<void> {
     this.stopped = true;
-    if (this.timer) clearTimeout(this.timer);
+    if (this.timer !== undefined) this.clock.clearTimeout(this.timer);
+    this.timer = undefined;
     const client = this.client;
     this.client = undefined;
     await client?.end().catch(() => undefined);
@@ -75,15 +82,14 @@ export class PgListener {
   }
 
   private scheduleReconnect(): void {
-    if (this.stopped || this.timer) return;
+    if (this.stopped || this.timer !== undefined) return;
     const initial = this.options.initialDelayMs ?? RECONNECT_INITIAL_DELAY_MS;
     const max = this.options.maxDelayMs ?? RECONNECT_MAX_DELAY_MS;
     const delay = Math.min(max, initial * 2 ** this.attempt) * (0.8 + Math.random() * 0.4);
     this.attempt++;
-    this.timer = setTimeout(() => {
+    this.timer = this.clock.setTimeout(() => {
       this.timer = undefined;
       void this.connect();
     }, delay);
-    this.timer.unref();
   }
 }

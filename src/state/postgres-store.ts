@@ -6,6 +6,7 @@
 
 import pg from 'pg';
 import type { Logger } from 'pino';
+import { every, systemClock, type Clock } from '../clock.js';
 import { ProxyError } from '../errors.js';
 import { emptyState, hashSpec, type ProxyState } from '../spec/index.js';
 import { PgListener } from './postgres-listener.js';
@@ -35,7 +36,8 @@ export interface PostgresStoreOptions {
   timeoutMs?: number;
   /** LISTEN reconnect backoff: first delay (default 100 ms), doubling up to maxDelayMs (default 5 s). */
   reconnect?: { initialDelayMs?: number; maxDelayMs?: number };
-  clock?: { now(): number };
+  /** Timestamps, the safety-net poll and the LISTEN reconnect backoff. Default systemClock. */
+  clock?: Clock;
   logger?: Logger;
 }
 
@@ -149,17 +151,19 @@ class PostgresStore implements WatchedStateStore {
   readonly kind = 'postgres' as const;
   private readonly tracker: RowTracker;
   private listener: PgListener | undefined;
-  private pollTimer: NodeJS.Timeout | undefined;
+  private stopPolling: (() => void) | undefined;
   private refreshing: Promise<void> | undefined;
   private refreshAgain = false;
   private readonly watching: Watching;
+  private readonly clock: Clock;
 
   constructor(
     private readonly pool: pg.Pool,
     private readonly config: pg.ClientConfig,
     private readonly options: PostgresStoreOptions,
   ) {
-    this.tracker = new RowTracker('postgres', options.logger, options.clock ?? Date);
+    this.clock = options.clock ?? systemClock;
+    this.tracker = new RowTracker('postgres', options.logger, this.clock);
     this.watching = new Watching(this.tracker, { start: () => this.startWatching(), stop: () => this.stopWatching() });
     // An idle pooled connection dying (database restart) must not crash the process.
     pool.on('error', (err) => this.tracker.markUnreachable(err));
@@ -182,7 +186,7 @@ class PostgresStore implements WatchedStateStore {
 
   async write(state: ProxyState, { ifMatch }: WriteOptions = {}): Promise<WriteResult> {
     const hash = hashSpec(state);
-    const updatedAt = new Date((this.options.clock ?? Date).now()).toISOString();
+    const updatedAt = new Date(this.clock.now()).toISOString();
     let client: pg.PoolClient;
     try {
       client = await this.pool.connect();
@@ -247,6 +251,7 @@ class PostgresStore implements WatchedStateStore {
       channel: PG_CHANNEL,
       initialDelayMs: this.options.reconnect?.initialDelayMs,
       maxDelayMs: this.options.reconnect?.maxDelayMs,
+      clock: this.clock,
       onNotify: (payload) => {
         if (Number(payload) !== this.tracker.health().storedGeneration) this.refresh();
       },
@@ -254,13 +259,12 @@ class PostgresStore implements WatchedStateStore {
       onLost: (err) => this.tracker.markUnreachable(err),
     });
     this.listener.start();
-    this.pollTimer = setInterval(() => this.poll(), this.options.pollMs ?? PG_POLL_MS);
-    this.pollTimer.unref();
+    this.stopPolling = every(this.clock, this.options.pollMs ?? PG_POLL_MS, () => this.poll());
   }
 
   private async stopWatching(): Promise<void> {
-    if (this.pollTimer) clearInterval(this.pollTimer);
-    this.pollTimer = undefined;
+    this.stopPolling?.();
+    this.stopPolling = undefined;
     const listener = this.listener;
     this.listener = undefined;
     await listener?.stop();

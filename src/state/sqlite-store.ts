@@ -8,6 +8,7 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { mismatch } from './store.js';
 import type { Logger } from 'pino';
+import { every, systemClock, type Clock } from '../clock.js';
 import { ProxyError } from '../errors.js';
 import { emptyState, hashSpec, type ProxyState } from '../spec/index.js';
 import type { StoredState, WriteOptions, WriteResult } from './store.js';
@@ -21,7 +22,8 @@ export interface SqliteStoreOptions {
   pollMs?: number;
   /** How long a write waits for another process's write lock. Default 5 s. */
   busyTimeoutMs?: number;
-  clock?: { now(): number };
+  /** Timestamps and the watch poll. Default systemClock. */
+  clock?: Clock;
   logger?: Logger;
 }
 
@@ -118,17 +120,19 @@ class SqliteStore implements WatchedStateStore {
   private readonly tracker: RowTracker;
   private readonly select: Database.Statement<[], DbRow>;
   private readonly update: Database.Statement<[number, string, string, string, number]>;
-  private timer: NodeJS.Timeout | undefined;
+  private stopPolling: (() => void) | undefined;
   private dataVersion = -1;
   private readonly watching: Watching;
+  private readonly clock: Clock;
 
   constructor(
     private readonly db: Database.Database,
     private readonly file: string,
     private readonly pollMs: number,
-    private readonly options: SqliteStoreOptions,
+    options: SqliteStoreOptions,
   ) {
-    this.tracker = new RowTracker('sqlite', options.logger, options.clock ?? Date);
+    this.clock = options.clock ?? systemClock;
+    this.tracker = new RowTracker('sqlite', options.logger, this.clock);
     this.watching = new Watching(this.tracker, { start: () => this.startTimer(), stop: () => this.stopTimer() });
     this.select = db.prepare('SELECT generation, document, updated_at FROM proxy_state WHERE id = 1');
     this.update = db.prepare(
@@ -147,7 +151,7 @@ class SqliteStore implements WatchedStateStore {
 
   async write(state: ProxyState, { ifMatch }: WriteOptions = {}): Promise<WriteResult> {
     const hash = hashSpec(state);
-    const updatedAt = new Date((this.options.clock ?? Date).now()).toISOString();
+    const updatedAt = new Date(this.clock.now()).toISOString();
     const tx = this.db.transaction((): { written: number } | { unchanged: RawRow } => {
       const row = this.rawRow();
       if (ifMatch !== undefined && ifMatch !== row.generation) throw mismatch(ifMatch, row.generation);
@@ -189,8 +193,7 @@ class SqliteStore implements WatchedStateStore {
 
   private startTimer(): void {
     this.dataVersion = this.db.pragma('data_version', { simple: true }) as number;
-    this.timer = setInterval(() => this.poll(), this.pollMs);
-    this.timer.unref();
+    this.stopPolling = every(this.clock, this.pollMs, () => this.poll());
   }
 
   private poll(): void {
@@ -215,8 +218,8 @@ class SqliteStore implements WatchedStateStore {
   }
 
   private stopTimer(): void {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
+    this.stopPolling?.();
+    this.stopPolling = undefined;
   }
 }
 

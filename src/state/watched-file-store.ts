@@ -6,6 +6,7 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import type { Logger } from 'pino';
+import { every, systemClock, type Clock } from '../clock.js';
 import type { ProxyState } from '../spec/index.js';
 import { STATE_FILE, loadStateFile, openFileStore, type FileStoreOptions } from './file-store.js';
 import type { StateStore, StoredState, WriteOptions, WriteResult } from './store.js';
@@ -15,6 +16,8 @@ import { ProxyError } from '../errors.js';
 export interface WatchedFileStoreOptions extends FileStoreOptions {
   /** How often watchers stat state.json. Default 250 ms. */
   pollMs?: number;
+  /** Timestamps and the watch poll. Default systemClock. */
+  clock?: Clock;
   logger?: Logger;
 }
 
@@ -34,13 +37,15 @@ class WatchedFileStore implements WatchedStateStore {
   private queue: Promise<unknown> = Promise.resolve();
   /** Our own writes accepted and not yet on disk: the file changes under us meanwhile, and that is not news. */
   private writesInFlight = 0;
-  private timer: NodeJS.Timeout | undefined;
+  private stopPolling: (() => void) | undefined;
+  private readonly clock: Clock;
 
   constructor(
     private inner: StateStore,
     private readonly options: WatchedFileStoreOptions,
   ) {
-    this.tracker = new RowTracker('file', options.logger, options.clock ?? Date);
+    this.clock = options.clock ?? systemClock;
+    this.tracker = new RowTracker('file', options.logger, this.clock);
     this.file = path.join(options.stateDir, STATE_FILE);
   }
 
@@ -83,15 +88,16 @@ class WatchedFileStore implements WatchedStateStore {
 
   watch(listener: ChangeListener): () => void {
     const unsubscribe = this.tracker.subscribe(listener);
-    if (!this.timer) {
-      this.timer = setInterval(() => void this.serialised(() => this.refresh()).catch(() => undefined), this.options.pollMs ?? 250);
-      this.timer.unref();
-    }
+    this.stopPolling ??= every(
+      this.clock,
+      this.options.pollMs ?? 250,
+      () => void this.serialised(() => this.refresh()).catch(() => undefined),
+    );
     return () => {
       unsubscribe();
-      if (!this.tracker.watched && this.timer) {
-        clearInterval(this.timer);
-        this.timer = undefined;
+      if (!this.tracker.watched) {
+        this.stopPolling?.();
+        this.stopPolling = undefined;
       }
     };
   }
@@ -101,8 +107,8 @@ class WatchedFileStore implements WatchedStateStore {
   }
 
   async close(): Promise<void> {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
+    this.stopPolling?.();
+    this.stopPolling = undefined;
     await this.queue;
     await this.inner.close();
   }

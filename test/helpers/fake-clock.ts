@@ -76,3 +76,60 @@ export class FakeClock implements Clock {
     return best;
   }
 }
+
+interface JumpTimer {
+  due: number;
+  fn: () => void;
+  real: ReturnType<typeof setTimeout>;
+}
+
+/**
+ * Real time that a test can also move forward at once: timers run on real timers as usual, and
+ * `jump(ms)` moves `now()` ahead and fires every timer that falls due. For a whole daemon, whose
+ * loops need time to pass by themselves, when a test wants one long wait (an idle timeout) to
+ * be over without sleeping through it.
+ */
+export class JumpClock implements Clock {
+  #offset = 0;
+  #seq = 0;
+  #timers = new Map<number, JumpTimer>();
+
+  now(): number {
+    return Date.now() + this.#offset;
+  }
+
+  setTimeout(fn: () => void, ms: number): TimerHandle {
+    const id = ++this.#seq;
+    const real = setTimeout(() => this.#fire(id), Math.max(0, ms));
+    real.unref();
+    this.#timers.set(id, { due: this.now() + Math.max(0, ms), fn, real });
+    return id;
+  }
+
+  clearTimeout(handle: TimerHandle): void {
+    if (typeof handle !== 'number') return;
+    const t = this.#timers.get(handle);
+    if (t === undefined) return;
+    clearTimeout(t.real);
+    this.#timers.delete(handle);
+  }
+
+  /** Moves time forward by `ms` and fires, in due order, every timer due by then (and those they set). */
+  jump(ms: number): void {
+    this.#offset += ms;
+    for (;;) {
+      let next: [number, JumpTimer] | undefined;
+      for (const e of this.#timers) if (e[1].due <= this.now() && (next === undefined || e[1].due < next[1].due)) next = e;
+      if (next === undefined) return;
+      clearTimeout(next[1].real);
+      this.#fire(next[0]);
+    }
+  }
+
+  #fire(id: number): void {
+    const t = this.#timers.get(id);
+    if (t === undefined) return;
+    this.#timers.delete(id);
+    t.fn();
+  }
+}

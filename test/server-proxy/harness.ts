@@ -1,6 +1,7 @@
 // The standalone server proxy in-process (the same startServerProxy the CLI runs) over a
 // SQLite file in a scratch directory, plus a raw HTTP client that sends exactly what it is given.
 
+import type { Clock } from '../../src/clock.js';
 import { fastify, type FastifyInstance } from 'fastify';
 import { request as httpRequest, type Agent, type IncomingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
@@ -150,7 +151,7 @@ export interface PluginApp {
  */
 export async function startPluginApp(
   replicaPort: number,
-  o: { clientMaxBodySize: number; fastPath?: boolean; rateLimits?: unknown[] },
+  o: { clientMaxBodySize: number; fastPath?: boolean; rateLimits?: unknown[]; clock?: Clock },
 ): Promise<PluginApp> {
   const state: ProxyState = emptyState();
   state.spec.services.push({
@@ -173,6 +174,7 @@ export async function startPluginApp(
     replicas,
     authorize: async () => 'allow',
     ...(o.fastPath === undefined ? {} : { fastPath: o.fastPath }),
+    ...(o.clock ? { clock: o.clock } : {}),
   });
   await app.listen({ host: '127.0.0.1', port: 0 });
   return { app, port: (app.server.address() as { port: number }).port, connects: () => connects };

@@ -11,6 +11,7 @@ import { Replicas } from '../../src/dataplane/index.js';
 import { registerServerProxy } from '../../src/server-proxy/plugin.js';
 import { emptyState } from '../../src/spec/types.js';
 import { close } from '../helpers/http.js';
+import { FakeClock } from '../helpers/fake-clock.js';
 import { startPluginApp, type PluginApp } from './harness.js';
 
 interface Resp {
@@ -252,6 +253,25 @@ describe('in-server proxy raw fast path', () => {
     const [r] = await c.responses(1);
     expect(r!.status).toBe(400);
     expect(await c.closed()).toBe(true);
+  });
+
+  it('closes a connection idle past the keep-alive timeout, timed on its clock', async () => {
+    const clock = new FakeClock();
+    const own = await startPluginApp((replica.address() as { port: number }).port, { clientMaxBodySize: 1 << 20, clock });
+    try {
+      const keepAliveMs = own.app.server.keepAliveTimeout; // fastify's, 72 s
+      const c = new Conn(own.port);
+      c.send(get('/proxy/services/p/r/a'));
+      expect((await c.responses(1))[0]!.status).toBe(200);
+      clock.advance(keepAliveMs); // up to the timeout, not past it
+      c.send(get('/proxy/services/p/r/b'));
+      expect((await c.responses(2))[1]!.status).toBe(200);
+      expect(c.ended).toBe(false);
+      clock.advance(keepAliveMs + 1_000); // idle past it since the second answer: the next sweep closes it
+      expect(await c.closed()).toBe(true);
+    } finally {
+      await own.app.close();
+    }
   });
 
   it('closes idle raw connections at shutdown', async () => {

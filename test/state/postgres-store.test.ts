@@ -8,9 +8,11 @@ import { loadDocument, type ProxyState } from '../../src/spec/index.js';
 import { PG_CHANNEL, openPostgresStore } from '../../src/state/postgres-store.js';
 import type { StoredState } from '../../src/state/store.js';
 import type { WatchedStateStore } from '../../src/state/watched-store.js';
+import { FakeClock } from '../helpers/fake-clock.js';
 import { startFrozenRelay } from '../helpers/frozen-relay.js';
 import { eventually } from '../helpers/nginx.js';
 import { createTestDatabase, ensurePostgres, startPrivatePostgres, type PrivatePostgres, type TestDatabase } from '../helpers/postgres.js';
+import { turns, turnsUntil } from './turns.js';
 
 const docA = loadDocument(readFileSync('examples/local-state.yaml', 'utf8'));
 const variant = (i: number): ProxyState => ({
@@ -59,6 +61,41 @@ describe.skipIf(!havePostgres)('PostgreSQL state store', () => {
     await expect(listener.query('UPDATE proxy_state SET hash = NULL WHERE id = 1')).rejects.toThrow(/generation must increase/);
     await listener.end();
     await store.close();
+  });
+
+  it('runs its safety-net poll on its clock: a change that sends no NOTIFY shows once pollMs has passed', async () => {
+    const clock = new FakeClock();
+    const pollMs = 60_000;
+    const store = await openPostgresStore({ config: db.config, pollMs, clock });
+    const direct = new pg.Client(db.config);
+    await direct.connect();
+    // A replica-role session fires no triggers: its updates send no NOTIFY, so only a read sees them.
+    await direct.query('SET session_replication_role = replica');
+    const silently = async (i: number): Promise<number> => {
+      const { rows } = await direct.query<{ generation: string }>(
+        'UPDATE proxy_state SET generation = generation + 1, document = $1::jsonb WHERE id = 1 RETURNING generation',
+        [JSON.stringify({ apiVersion: docA.apiVersion, kind: docA.kind, spec: variant(i).spec })],
+      );
+      return Number(rows[0]!.generation);
+    };
+    try {
+      const first = await silently(30);
+      const seen: number[] = [];
+      store.watch((s) => seen.push(s.generation));
+      expect(clock.pendingTimers()).toBe(1);
+      // The LISTEN connection's catch-up read finds `first`; after it, nothing reads until the poll.
+      await turnsUntil(() => seen.includes(first), 'the catch-up read after LISTEN');
+      const second = await silently(31);
+      clock.advance(pollMs - 1);
+      await turns();
+      expect(seen).not.toContain(second);
+      clock.advance(1);
+      await turnsUntil(() => seen.includes(second), 'the poll sees the new generation');
+    } finally {
+      await direct.end();
+      await store.close();
+    }
+    expect(clock.pendingTimers()).toBe(0);
   });
 
   describe('across a database restart', () => {

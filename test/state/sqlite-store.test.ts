@@ -7,6 +7,7 @@ import { ProxyError } from '../../src/errors.js';
 import { loadDocument } from '../../src/spec/index.js';
 import { openSqliteStore } from '../../src/state/sqlite-store.js';
 import type { StoredState } from '../../src/state/store.js';
+import { FakeClock } from '../helpers/fake-clock.js';
 import { eventually } from '../helpers/nginx.js';
 import { tmpDir } from '../helpers/tmp.js';
 
@@ -142,13 +143,37 @@ describe('SQLite state store', () => {
     await store.close();
   });
 
-  it('stops polling when the last watcher unsubscribes', async () => {
-    const store = await openSqliteStore({ path: file, pollMs: 10 });
+  it('polls on its clock: a change committed by another connection shows once pollMs has passed, not before', async () => {
+    const clock = new FakeClock();
+    const store = await openSqliteStore({ path: file, pollMs: 1_000, clock });
     const seen: number[] = [];
-    const stop = store.watch((s) => seen.push(s.generation));
-    stop();
+    store.watch((s) => seen.push(s.generation));
+    expect(clock.pendingTimers()).toBe(1);
     const other = await openSqliteStore({ path: file });
     await other.write(docA);
+    clock.advance(999);
+    expect(seen).toEqual([]);
+    clock.advance(1); // the poll reads PRAGMA data_version and the row synchronously
+    expect(seen).toEqual([1]);
+    await other.write({ ...docA, spec: { ...docA.spec, services: [] } });
+    clock.advance(1_000);
+    expect(seen).toEqual([1, 2]);
+    await store.close();
+    expect(clock.pendingTimers()).toBe(0);
+    await other.close();
+  });
+
+  it('stops polling when the last watcher unsubscribes', async () => {
+    const clock = new FakeClock();
+    const store = await openSqliteStore({ path: file, pollMs: 10, clock });
+    const seen: number[] = [];
+    const stop = store.watch((s) => seen.push(s.generation));
+    expect(clock.pendingTimers()).toBe(1);
+    stop();
+    expect(clock.pendingTimers()).toBe(0);
+    const other = await openSqliteStore({ path: file });
+    await other.write(docA);
+    clock.advance(1_000);
     // Nothing is polling, so only an explicit read picks the change up.
     expect(seen).toEqual([]);
     expect((await store.read()).generation).toBe(1);

@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Logger } from 'pino';
+import { systemClock, type Clock } from '../../clock.js';
 import { listensOnLoopbackOnly } from '../../api/api-token.js';
 import type { RouteModule } from '../../api/app.js';
 import { ProxyError } from '../../errors.js';
@@ -23,6 +24,8 @@ export interface DstackCompatOptions {
   replicaWaitS: number;
   tls: 'wait' | 'async';
   certbotTimeoutS: number;
+  /** The waits' bounds run on it. Default the system clock. */
+  clock?: Clock;
 }
 
 /** The routes as one route module; their waits end when the app closes. */
@@ -46,6 +49,7 @@ export function dstackCompatRoutes(o: DstackCompatOptions): RouteModule {
       tls: o.tls,
       certbotTimeoutS: o.certbotTimeoutS,
       signal: closing.signal,
+      clock: o.clock ?? systemClock,
       version: packageVersion(),
       logger,
     });

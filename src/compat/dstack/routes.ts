@@ -9,6 +9,7 @@
 import { isDeepStrictEqual } from 'node:util';
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
+import type { Clock } from '../../clock.js';
 import { ProxyError } from '../../errors.js';
 import { serviceKey, type Entrypoint, type ProxyState, type Replica, type Service } from '../../spec/index.js';
 import type { StoredState } from '../../state/store.js';
@@ -32,6 +33,8 @@ export interface DstackRoutesOptions {
   certbotTimeoutS: number;
   /** Aborted when the daemon closes: waits end at once. */
   signal: AbortSignal;
+  /** The waits' bounds run on it. */
+  clock: Clock;
   version: string;
   logger: Logger;
 }
@@ -125,6 +128,7 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
     const r = await waitForCertificate(o.status, domain, generation, {
       timeoutMs: (o.certbotTimeoutS + CERT_WAIT_MARGIN_S) * 1000,
       signal: o.signal,
+      clock: o.clock,
     });
     if (r.kind === 'closed') return 'closed';
     if (r.kind === 'ready') return { ok: true };
@@ -159,6 +163,7 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
         timeoutMs: o.replicaWaitS * 1000,
         onTimeout: replicaTimeout(sk, id, o.replicaWaitS),
         signal: o.signal,
+        clock: o.clock,
       });
       if (r.kind === 'closed') return closed(reply);
       if (r.kind === 'ready') return reply.send({ status: 'ok' });

@@ -5,6 +5,7 @@
 // has an outcome. Every wait is bounded, ends when the daemon closes, and holds no lock: the
 // write queue moves on while a call waits.
 
+import type { Clock } from '../../clock.js';
 import type { Condition } from '../../reconcilers/conditions.js';
 import { findCondition } from '../../reconcilers/conditions.js';
 import type { StatusListener } from '../../reconcilers/controller.js';
@@ -32,7 +33,7 @@ export type LoopsView = { loops: Readonly<Record<string, LoopStatus>> };
 export function waitForStatus(
   source: StatusSource,
   check: (s: LoopsView) => Verdict | undefined,
-  o: { timeoutMs: number; onTimeout: (s: StatusSnapshot) => Verdict; signal: AbortSignal },
+  o: { timeoutMs: number; onTimeout: (s: StatusSnapshot) => Verdict; signal: AbortSignal; clock: Clock },
 ): Promise<WaitResult> {
   return new Promise<WaitResult>((resolve) => {
     let done = false;
@@ -40,7 +41,7 @@ export function waitForStatus(
       if (done) return;
       done = true;
       unsubscribe();
-      clearTimeout(timer);
+      o.clock.clearTimeout(timer);
       o.signal.removeEventListener('abort', onAbort);
       resolve(r);
     };
@@ -51,7 +52,7 @@ export function waitForStatus(
     };
     const onAbort = (): void => finish({ kind: 'closed' });
     const unsubscribe = source.onStatus((loop, status) => evaluate({ loops: { [loop]: status } }));
-    const timer = setTimeout(() => finish(o.onTimeout(source.statuses())), o.timeoutMs);
+    const timer = o.clock.setTimeout(() => finish(o.onTimeout(source.statuses())), o.timeoutMs);
     o.signal.addEventListener('abort', onAbort);
     if (o.signal.aborted) onAbort();
     evaluate(source.statuses());
@@ -141,7 +142,7 @@ export async function waitForCertificate(
   source: StatusSource,
   domain: string,
   generation: number,
-  o: { timeoutMs: number; signal: AbortSignal },
+  o: { timeoutMs: number; signal: AbortSignal; clock: Clock },
 ): Promise<CertVerdict | { kind: 'closed' }> {
   let verdict: CertVerdict | undefined;
   const check = certificateCheck(domain, generation);

@@ -156,6 +156,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
   });
   const hostKeys = new HostKeyBook();
   const chainOptions = {
+    clock,
     hostKeys,
     connectTimeoutMs: o.connectTimeoutMs ?? 10_000,
     keepaliveIntervalMs: o.keepaliveIntervalMs ?? 15_000,

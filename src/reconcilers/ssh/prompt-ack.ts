@@ -10,6 +10,7 @@
 // at most one IGNORE follows the last packet received.
 
 import type { Duplex } from 'node:stream';
+import { systemClock, type Clock, type TimerHandle } from '../../clock.js';
 
 /** sshd's delayed-ACK stall is 40 ms; answering within 1 ms keeps it below the noise. */
 export const PROMPT_ACK_MS = 1;
@@ -19,11 +20,13 @@ export const PROMPT_ACK_MS = 1;
  * `delayMs`, calls `nudge()` (which should write an SSH_MSG_IGNORE). Wraps transport.write, so it
  * must be installed before or after any other wrapper that calls through to the previous write.
  */
-export function ackPromptly(transport: Duplex, nudge: () => void, delayMs = PROMPT_ACK_MS): void {
+export function ackPromptly(transport: Duplex, nudge: () => void, o: { clock?: Clock; delayMs?: number } = {}): void {
+  const clock = o.clock ?? systemClock;
+  const delayMs = o.delayMs ?? PROMPT_ACK_MS;
   /** Bytes arrived that nothing we wrote has answered yet. */
   let owed = false;
   let since = 0;
-  let timer: NodeJS.Timeout | null = null;
+  let timer: TimerHandle | null = null;
   const write = transport.write.bind(transport) as (chunk: Buffer) => boolean;
   transport.write = ((chunk: Buffer): boolean => {
     owed = false;
@@ -33,8 +36,8 @@ export function ackPromptly(transport: Duplex, nudge: () => void, delayMs = PROM
     timer = null;
     if (!owed || transport.destroyed || transport.writableEnded) return;
     // The debt may be younger than the timer (answered, then owed again): wait out the rest.
-    const left = since + delayMs - performance.now();
-    if (left >= 0.5) {
+    const left = since + delayMs - clock.now();
+    if (left > 0) {
       arm(left);
       return;
     }
@@ -42,18 +45,17 @@ export function ackPromptly(transport: Duplex, nudge: () => void, delayMs = PROM
     nudge();
   };
   const arm = (ms: number): void => {
-    timer = setTimeout(check, ms);
-    timer.unref();
+    timer = clock.setTimeout(check, ms);
   };
   // First in line: a reply ssh2 writes while parsing these bytes already pays the debt.
   transport.prependListener('data', () => {
     if (owed) return;
     owed = true;
-    since = performance.now();
+    since = clock.now();
     if (timer === null) arm(delayMs);
   });
   transport.once('close', () => {
-    if (timer !== null) clearTimeout(timer);
+    if (timer !== null) clock.clearTimeout(timer);
     timer = null;
   });
 }

@@ -141,7 +141,7 @@ export class SharedChains {
   #end(s: Shared): void {
     s.lost = true;
     if (this.#live.get(s.key) === s) this.#live.delete(s.key);
-    for (const c of [...s.clients].reverse()) endClient(c);
+    for (const c of [...s.clients].reverse()) endClient(c, this.#o.clock);
   }
 }
 

@@ -5,6 +5,7 @@
 import { connect as netConnect, type Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Algorithms, Client as Ssh2Client, ClientChannel } from 'ssh2';
+import type { Clock } from '../../clock.js';
 import type { HopOnPath, HostKeyBook, HostKeyScope } from './host-keys.js';
 import { ackPromptly } from './prompt-ack.js';
 import { Client, ignoreSender } from '../../ssh2.js';
@@ -24,6 +25,8 @@ export class SshConnectError extends Error {
 }
 
 export interface ChainOptions {
+  /** Channel-open timeouts and the prompt ACKs run on it (ssh2's own handshake and keepalive timers do not). */
+  clock: Clock;
   hostKeys: HostKeyBook;
   /** The replica's host-key policy and id; absent: `tofu`. */
   hostKeyScope?: HostKeyScope;
@@ -53,7 +56,7 @@ export async function connectChain(hops: readonly HopTarget[], o: ChainOptions):
       let sock: Duplex | undefined;
       if (i > 0) {
         try {
-          sock = await forwardOut(clients[i - 1]!, hop.host, hop.port, o.connectTimeoutMs);
+          sock = await forwardOut(clients[i - 1]!, hop.host, hop.port, o.connectTimeoutMs, o.clock);
         } catch (err) {
           throw new SshConnectError('ConnectFailed', `${hopName(hop)} via ${endpointOf(hops, i - 1)}: ${safeMessage(err)}`);
         }
@@ -101,7 +104,7 @@ function connectHop(
       client.setNoDelay(true);
       // Every hop: each sshd's socket (to us, or to the previous sshd) runs Nagle.
       const nudge = ignoreSender(client);
-      if (nudge !== null) ackPromptly(transport, nudge);
+      if (nudge !== null) ackPromptly(transport, nudge, { clock: o.clock });
       resolve(client);
     });
     client.on('error', fail);
@@ -160,22 +163,25 @@ export function coalesceWrites(sock: Socket): Socket {
 }
 
 /** A polite disconnect, then the socket is destroyed in case the peer no longer answers. */
-export function endClient(c: Client): void {
+export function endClient(c: Client, clock: Clock): void {
   c.end();
-  setTimeout(() => c.destroy(), 1_000).unref();
+  clock.setTimeout(() => c.destroy(), END_GRACE_MS);
 }
 
+/** How long a peer gets to answer our disconnect before the socket is destroyed. */
+export const END_GRACE_MS = 1_000;
+
 /** Opens a direct-tcpip channel to host:port; rejects after timeoutMs (and closes a late one). */
-export function forwardOut(client: Client, host: string, port: number, timeoutMs: number): Promise<ClientChannel> {
+export function forwardOut(client: Client, host: string, port: number, timeoutMs: number, clock: Clock): Promise<ClientChannel> {
   return new Promise((resolve, reject) => {
     let done = false;
-    const timer = setTimeout(() => {
+    const timer = clock.setTimeout(() => {
       done = true;
       reject(new Error(`channel to ${host}:${port} did not open within ${timeoutMs} ms`));
     }, timeoutMs);
     try {
       client.forwardOut('127.0.0.1', 0, host, port, (err, stream) => {
-        clearTimeout(timer);
+        clock.clearTimeout(timer);
         if (done) {
           stream?.close();
           return;
@@ -185,7 +191,7 @@ export function forwardOut(client: Client, host: string, port: number, timeoutMs
         else resolve(quietDestroy(stream));
       });
     } catch (err) {
-      clearTimeout(timer);
+      clock.clearTimeout(timer);
       done = true;
       reject(err instanceof Error ? err : new Error(String(err)));
     }

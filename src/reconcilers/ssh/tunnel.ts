@@ -78,7 +78,7 @@ export class ReplicaTunnel {
     if (!this.#state.ready || last === undefined) throw new Error('replica is not ready');
     const epoch = this.#epoch;
     try {
-      return await forwardOut(last, this.#o.target.appHost, this.#o.target.appPort, this.#o.channelOpenTimeoutMs);
+      return await forwardOut(last, this.#o.target.appHost, this.#o.target.appPort, this.#o.channelOpenTimeoutMs, this.#o.clock);
     } catch (err) {
       if (epoch === this.#epoch && !this.#closed) {
         this.#set({ ready: false, reason: 'AppPortUnreachable', message: this.#appMessage(err) });
@@ -134,7 +134,7 @@ export class ReplicaTunnel {
     if (last === undefined || epoch !== this.#epoch || this.#closed) return;
     const { appHost, appPort } = this.#o.target;
     try {
-      const ch = await forwardOut(last, appHost, appPort, this.#o.channelOpenTimeoutMs);
+      const ch = await forwardOut(last, appHost, appPort, this.#o.channelOpenTimeoutMs, this.#o.clock);
       ch.close();
       if (epoch !== this.#epoch || this.#closed) return;
       this.#set({ ready: true, reason: 'Connected', message: `connected; ${appHost}:${appPort} accepts connections` });

@@ -7,6 +7,7 @@
 import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { execa } from 'execa';
+import { systemClock, type Clock } from '../../clock.js';
 
 /** A secret that prints as `<redacted>` in JSON, logs and string conversions. */
 export interface Secret {
@@ -100,13 +101,14 @@ export class CertbotRunner {
     if (!Number.isFinite(this.#timeoutMs) || this.#timeoutMs <= 0) throw new RangeError('certbot timeoutMs must be > 0');
   }
 
-  run(req: CertbotRequest): Promise<CertbotResult> {
-    const next = this.#tail.then(() => this.#runNow(req));
+  /** Runs `req` after the runs queued before it; its timeout counts on `clock` from its start. */
+  run(req: CertbotRequest, clock: Clock = systemClock): Promise<CertbotResult> {
+    const next = this.#tail.then(() => this.#runNow(req, clock));
     this.#tail = next.catch(() => undefined);
     return next;
   }
 
-  async #runNow(req: CertbotRequest): Promise<CertbotResult> {
+  async #runNow(req: CertbotRequest, clock: Clock): Promise<CertbotResult> {
     this.runs++;
     const { dirs } = req;
     for (const d of [dirs.configDir, dirs.workDir, dirs.logsDir]) await mkdir(d, { recursive: true, mode: 0o700 });
@@ -118,6 +120,7 @@ export class CertbotRunner {
       await writeFile(configFile, ini, { mode: 0o600 });
     }
     const secrets = req.acme.eab ? [req.acme.eab.hmacKey.reveal()] : [];
+    // How long certbot took is measured on the wall clock; only its timeout runs on `clock`.
     const t0 = Date.now();
     try {
       const child = execa(this.#bin, certbotArgs(req, configFile), {
@@ -130,13 +133,15 @@ export class CertbotRunner {
       });
       let timedOut = false;
       const pid = child.pid;
-      const timer = setTimeout(() => {
+      let grace: unknown = undefined;
+      const timer = clock.setTimeout(() => {
         timedOut = true;
         killGroup(pid, 'SIGTERM');
-        setTimeout(() => killGroup(pid, 'SIGKILL'), KILL_GRACE_MS).unref();
+        grace = clock.setTimeout(() => killGroup(pid, 'SIGKILL'), KILL_GRACE_MS);
       }, this.#timeoutMs);
       const result = await child;
-      clearTimeout(timer);
+      clock.clearTimeout(timer);
+      clock.clearTimeout(grace);
       // Whatever certbot started and left behind goes with it.
       killGroup(pid, 'SIGKILL');
       const durationMs = Date.now() - t0;

@@ -91,7 +91,7 @@ export class Issuer {
     const before = await files.served(domain, start);
     await backoff.update((d) => d.orders.push(start), start);
     this.#report(ctx, domainInfo(domain, before, await backoff.get(domain), true));
-    const result = await certbot.run({ domain, acme, webroot: this.#o.acmeWebroot, dirs: this.#o.certbotDirs, force: true });
+    const result = await certbot.run({ domain, acme, webroot: this.#o.acmeWebroot, dirs: this.#o.certbotDirs, force: true }, ctx.clock);
     const now = ctx.clock.now();
     const c = await files.lineage(domain, now);
     const fresh = c.ok && !(renew && before?.ok && before.info.serial === c.info.serial);

@@ -40,6 +40,8 @@ export interface RawServerOptions {
   keepAliveTimeoutMs: number;
   headersTimeoutMs: number;
   maxHeaderSize: number;
+  /** Idle and slow-head times are read from it (and swept on it). */
+  clock: { now(): number };
 }
 
 /** A request read by the raw path, with the members the proxy reads of an IncomingMessage. */
@@ -240,7 +242,7 @@ export class RawConnection {
   ) {
     this.keepAliveHeader = `Connection: keep-alive\r\nKeep-Alive: timeout=${Math.floor(o.keepAliveTimeoutMs / 1000)}\r\n`;
     this.clientIp = plainIp(socket.remoteAddress);
-    this.#idleSince = Date.now();
+    this.#idleSince = o.clock.now();
     socket.setNoDelay(true);
     socket.on('data', this.#onData);
     socket.on('end', this.#onEnd);
@@ -270,7 +272,7 @@ export class RawConnection {
   responseDone(res: RawResponse): void {
     if (this.#res !== res) return;
     this.#res = null;
-    this.#idleSince = Date.now();
+    this.#idleSince = this.o.clock.now();
     if (!res.keepAlive) {
       this.#release();
       this.socket.end();
@@ -299,8 +301,8 @@ export class RawConnection {
     if (r.kind === 'incomplete') {
       // A head dripping in slowly, or a large one in many pieces (each piece re-joins and
       // re-scans the buffer here), goes to Node's incremental parser and its headersTimeout.
-      if (this.#headStarted === -1) this.#headStarted = Date.now();
-      else if (buf.length > PARTIAL_HEAD_LIMIT || Date.now() - this.#headStarted > this.o.headersTimeoutMs) this.#handover();
+      if (this.#headStarted === -1) this.#headStarted = this.o.clock.now();
+      else if (buf.length > PARTIAL_HEAD_LIMIT || this.o.clock.now() - this.#headStarted > this.o.headersTimeoutMs) this.#handover();
       return;
     }
     // Anything our stricter parser refuses, Node's server answers (400, 431…) as it always has.

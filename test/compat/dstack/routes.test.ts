@@ -4,6 +4,7 @@
 // shapes, `services/list` after each step, an operator's service left alone, and the routes
 // absent unless asked for and refused beyond loopback.
 
+import { systemClock } from '../../../src/clock.js';
 import type { Server } from 'node:http';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -412,6 +413,7 @@ describe('an unexpected error', () => {
       tls: 'wait',
       certbotTimeoutS: 1,
       signal: new AbortController().signal,
+      clock: systemClock,
       version: '0.0.0',
       logger,
     });

@@ -4,6 +4,7 @@
 // Pebble, answers 400 with dstack's DNS text when the domain does not resolve (undone), and in
 // async mode answers at once and serves HTTP. Bounds are generous; nothing asserts speed.
 
+import { FakeClock } from '../../helpers/fake-clock.js';
 import type { Server } from 'node:http';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -130,22 +131,23 @@ describe('the checks (pure)', () => {
     const empty: StatusSnapshot = { generation: 5, observedGeneration: 5, loops: {} };
     const source: StatusSource = { statuses: () => empty, onStatus: (l) => ((listener = l), () => (listener = undefined)) };
     const never = new AbortController().signal;
-    const ready = waitForStatus(source, check, { timeoutMs: 60_000, onTimeout: () => ({ kind: 'failed', reason: 'late' }), signal: never });
+    const clock = new FakeClock();
+    const bound = { onTimeout: () => ({ kind: 'failed', reason: 'late' }) as const, signal: never, clock };
+    const ready = waitForStatus(source, check, { timeoutMs: 60_000, ...bound });
     listener?.('ssh', loopWith('main/svc/r1', { status: 'True', reason: 'Connected', observedGeneration: 5 }));
     expect(await ready).toEqual({ kind: 'ready' });
     expect(listener).toBeUndefined();
-    expect(
-      await waitForStatus(source, check, { timeoutMs: 10, onTimeout: () => ({ kind: 'failed', reason: 'late' }), signal: never }),
-    ).toEqual({
-      kind: 'failed',
-      reason: 'late',
-    });
+    expect(clock.pendingTimers()).toBe(0); // a verdict clears its bound
+    let late: unknown;
+    const timing = waitForStatus(source, check, { timeoutMs: 10_000, ...bound }).then((r) => (late = r));
+    clock.advance(9_999);
+    await Promise.resolve();
+    expect(late).toBeUndefined();
+    clock.advance(1);
+    await timing;
+    expect(late).toEqual({ kind: 'failed', reason: 'late' });
     const ac = new AbortController();
-    const closing = waitForStatus(source, check, {
-      timeoutMs: 60_000,
-      onTimeout: () => ({ kind: 'failed', reason: 'late' }),
-      signal: ac.signal,
-    });
+    const closing = waitForStatus(source, check, { timeoutMs: 60_000, ...bound, signal: ac.signal });
     ac.abort();
     expect(await closing).toEqual({ kind: 'closed' });
   });

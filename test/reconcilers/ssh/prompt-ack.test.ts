@@ -14,6 +14,8 @@ import { close, startEcho } from '../../helpers/http.js';
 import { freePort } from '../../helpers/ports.js';
 import { startSshdChain, type ClientKey, type TestSshd } from '../../helpers/sshd.js';
 import { tmpDir } from '../../helpers/tmp.js';
+import { FakeClock } from '../../helpers/fake-clock.js';
+import { systemClock } from '../../../src/clock.js';
 
 /** A transport whose writes are recorded and whose reads are pushed by the test. */
 function fakeTransport(): { t: Duplex; written: string[] } {
@@ -29,46 +31,72 @@ function fakeTransport(): { t: Duplex; written: string[] } {
   return { t, written };
 }
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+/** Lets the stream deliver what was pushed ('data' events run on later ticks). */
+const delivered = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 describe('ackPromptly', () => {
-  it('nudges once after bytes arrived that nothing answered', async () => {
+  it('nudges once, after the delay, for bytes that arrived and nothing answered', async () => {
+    const clock = new FakeClock();
     const { t } = fakeTransport();
     let nudges = 0;
-    const nudged = new Promise<void>((resolve) =>
-      ackPromptly(t, () => {
-        nudges++;
-        resolve();
-      }),
-    );
+    ackPromptly(t, () => nudges++, { clock, delayMs: 10 });
     t.push(Buffer.from('a'));
     t.push(Buffer.from('b'));
-    await nudged;
-    await sleep(20);
+    await delivered();
+    clock.advance(9);
+    expect(nudges).toBe(0);
+    clock.advance(1);
     expect(nudges).toBe(1); // one nudge pays for every arrival before it
+    clock.advance(1_000);
+    expect(nudges).toBe(1);
+    expect(clock.pendingTimers()).toBe(0);
+    t.destroy();
+  });
+
+  it('waits out a debt younger than its timer', async () => {
+    const clock = new FakeClock();
+    const { t } = fakeTransport();
+    let nudges = 0;
+    ackPromptly(t, () => nudges++, { clock, delayMs: 10 });
+    t.push(Buffer.from('a'));
+    await delivered();
+    clock.advance(6);
+    t.write(Buffer.from('answer')); // paid
+    t.push(Buffer.from('b')); // owed again, 6 ms into the first timer
+    await delivered();
+    clock.advance(4); // the first timer: the new debt is 4 ms old
+    expect(nudges).toBe(0);
+    clock.advance(6);
+    expect(nudges).toBe(1);
     t.destroy();
   });
 
   it('does not nudge when the client wrote after the arrival', async () => {
+    const clock = new FakeClock();
     const { t, written } = fakeTransport();
     let nudges = 0;
-    ackPromptly(t, () => nudges++, 10);
+    ackPromptly(t, () => nudges++, { clock, delayMs: 10 });
     t.once('data', () => t.write(Buffer.from('reply'))); // ssh2 answering while it parses
     t.push(Buffer.from('request'));
-    await sleep(50);
+    await delivered();
+    clock.advance(50);
     expect(nudges).toBe(0);
     expect(written).toEqual(['reply']);
     t.destroy();
   });
 
-  it('does not nudge a transport that closed', async () => {
+  it('does not nudge a transport that closed, and leaves no timer', async () => {
+    const clock = new FakeClock();
     const { t } = fakeTransport();
     let nudges = 0;
-    ackPromptly(t, () => nudges++);
+    ackPromptly(t, () => nudges++, { clock });
     t.push(Buffer.from('a'));
+    await delivered();
     t.destroy();
-    await sleep(20);
+    await delivered();
+    clock.advance(20);
     expect(nudges).toBe(0);
+    expect(clock.pendingTimers()).toBe(0);
   });
 });
 
@@ -92,7 +120,7 @@ describe('SSH_MSG_IGNORE on a real sshd', () => {
   });
 
   const get = async (client: Client): Promise<string> => {
-    const ch = await forwardOut(client, '127.0.0.1', appPort, 5_000);
+    const ch = await forwardOut(client, '127.0.0.1', appPort, 5_000, systemClock);
     const chunks: Buffer[] = [];
     ch.on('data', (d: Buffer) => chunks.push(d));
     const ended = new Promise((r) => ch.once('close', r));
@@ -105,6 +133,7 @@ describe('SSH_MSG_IGNORE on a real sshd', () => {
     it(`is accepted by every hop (${hops} hop${hops > 1 ? 's' : ''}) and the tunnel keeps working`, async () => {
       const targets = sshds.slice(0, hops).map((s) => ({ host: '127.0.0.1', port: s.port, user: s.user, privateKey: key.privateKey }));
       const clients = await connectChain(targets, {
+        clock: systemClock,
         hostKeys: new HostKeyBook(),
         connectTimeoutMs: 10_000,
         keepaliveIntervalMs: 0,

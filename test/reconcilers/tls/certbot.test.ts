@@ -1,6 +1,6 @@
 // A certbot that hangs is killed at the timeout with its whole process group.
 
-import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync, readdirSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -38,21 +38,36 @@ function hangingCertbot(name: string): { bin: string; pidFile: string } {
   return { bin, pidFile };
 }
 
+/** certbot's process group once the script has written its pid and started its children. */
+async function startedGroup(pidFile: string): Promise<number> {
+  return eventually(() => {
+    if (!existsSync(pidFile)) return undefined;
+    const pgid = Number(readFileSync(pidFile, 'utf8').trim());
+    return pgid > 0 && groupMembers(pgid).length >= 2 ? pgid : undefined;
+  }, 10_000);
+}
+
 describe('certbot timeout', () => {
-  it('kills the whole process group and leaves nothing behind', async () => {
+  it('kills the whole process group at the timeout on its clock, and leaves nothing behind', async () => {
     const { bin, pidFile } = hangingCertbot('runner');
+    const clock = new FakeClock(Date.now());
     const runner = new CertbotRunner({ certbotBin: bin, timeoutMs: 1_000 });
     const dirs = { configDir: join(dir, 'c'), workDir: join(dir, 'w'), logsDir: join(dir, 'l') };
-    const r = await runner.run({
-      domain: 'a.gw.test',
-      acme: { server: 'https://127.0.0.1:1/dir' },
-      webroot: join(dir, 'web'),
-      dirs,
-      force: true,
-    });
+    let settled = false;
+    const run = runner.run(
+      { domain: 'a.gw.test', acme: { server: 'https://127.0.0.1:1/dir' }, webroot: join(dir, 'web'), dirs, force: true },
+      clock,
+    );
+    void run.finally(() => (settled = true));
+    const pgid = await startedGroup(pidFile);
+    clock.advance(999); // not yet: the timeout is the clock's, whatever the wall clock says
+    await new Promise((r) => setTimeout(r, 50));
+    expect(settled).toBe(false);
+    expect(groupMembers(pgid).length).toBeGreaterThan(0);
+    clock.advance(1);
+    const r = await run;
     expect(r).toMatchObject({ ok: false, timedOut: true });
     if (!r.ok) expect(r.error).toBe('certbot did not finish within 1 s and was killed');
-    const pgid = Number(readFileSync(pidFile, 'utf8').trim());
     await eventually(() => (groupMembers(pgid).length === 0 ? true : undefined), 10_000);
   });
 
@@ -70,7 +85,10 @@ describe('certbot timeout', () => {
     const state = emptyState();
     state.spec.entrypoints.push({ project: 'main', domain: 'hang.gw.test', https: true });
     const controller = new Controller({ loops: [loop as never], getSpec: () => ({ state, generation: 1 }), clock });
-    await controller.start();
+    const started = controller.start();
+    await startedGroup(pidFile);
+    clock.advance(1_000);
+    await started;
     await controller.stop();
     const ready = controller.statuses().loops.tls?.objects['hang.gw.test']?.conditions.find((c) => c.type === 'Ready');
     expect(ready).toMatchObject({ status: 'False', reason: 'IssueFailed' });
