@@ -104,15 +104,22 @@ async function startFixture(): Promise<Fixture> {
 const runName = (i: number): string => `svc-${i}`;
 const domainOf = (i: number): string => `${runName(i)}.bench.gw.test`;
 
-/** `register_service`'s payload for a plain service: no model, no https, no auth, no rate limits. */
-function registerServiceBody(i: number, projectKey: string): unknown {
+/**
+ * What is registered: `plain` services (no model, no https, no auth, no rate limits), which our
+ * default server relays by Host until their own site is served; or services with an OpenAI
+ * `model`, which need their own site (its CORS), so each services/register waits for a reload.
+ */
+type Kind = 'plain' | 'model';
+
+/** `register_service`'s payload of a service of that kind (no auth: the hosts are polled without a token). */
+function registerServiceBody(i: number, projectKey: string, kind: Kind): unknown {
   return registerServicePayload({
     runName: runName(i),
     domain: domainOf(i),
     project: PROJECT,
     https: false,
     auth: false,
-    model: null,
+    ...(kind === 'plain' ? { model: null } : {}),
     sshPrivateKey: projectKey,
     extra: {},
   });
@@ -188,7 +195,7 @@ function depsOf(mode: Mode): GatewayDeps {
   return mode === 'unshared' ? { ssh: { shareConnections: false } } : {};
 }
 
-async function registerRound(f: Fixture, services: number, mode: Mode): Promise<Round> {
+async function registerRound(f: Fixture, services: number, mode: Mode, kind: Kind = 'plain'): Promise<Round> {
   const tmp = tmpDir('dp-bench-compat-gw-');
   const { gw, httpPort } = await startBenchGateway(join(tmp.dir, 'state'), depsOf(mode), { dstackCompat: 'true' });
   try {
@@ -199,7 +206,7 @@ async function registerRound(f: Fixture, services: number, mode: Mode): Promise<
     const reloads0 = gw.nginxStats.reloads;
     const t0 = performance.now();
     for (let i = 0; i < services; i++) {
-      serviceMs.push(await call(`${registry}/register`, registerServiceBody(i, f.projectKey)));
+      serviceMs.push(await call(`${registry}/register`, registerServiceBody(i, f.projectKey, kind)));
       replicaMs.push(await call(`${registry}/${runName(i)}/replicas/register`, registerReplicaBody(f)));
     }
     const callsMs = performance.now() - t0;
@@ -250,14 +257,14 @@ async function steadyRound(f: Fixture, sizes: number[], mode: Mode): Promise<Ste
     let registered = 0;
     for (const size of sizes) {
       for (; registered < size; registered++) {
-        await call(`${registry}/register`, registerServiceBody(registered, f.projectKey));
+        await call(`${registry}/register`, registerServiceBody(registered, f.projectKey, 'plain'));
         await call(`${registry}/${runName(registered)}/replicas/register`, registerReplicaBody(f));
       }
       await gw.controller.whenIdle();
       const ms: number[] = [];
       for (let k = 0; k < STEADY_WARMUP + STEADY_CALLS; k++) {
         const extra = size + 1 + k;
-        const t = await call(`${registry}/register`, registerServiceBody(extra, f.projectKey));
+        const t = await call(`${registry}/register`, registerServiceBody(extra, f.projectKey, 'plain'));
         if (k >= STEADY_WARMUP) ms.push(t);
         await call(`${registry}/${runName(extra)}/unregister`, undefined);
       }
@@ -455,12 +462,14 @@ if (process.argv[1] === fileURLToPath(import.meta.url) && process.argv[2] === 's
   const f = await startFixture();
   try {
     const mode: Mode = process.argv[3] === 'as-dstack' || process.argv[3] === 'unshared' ? process.argv[3] : 'ours';
-    const r = await registerRound(f, services, mode);
+    const kind: Kind = process.argv[4] === 'model' ? 'model' : 'plain';
+    const r = await registerRound(f, services, mode, kind);
     const p = (xs: number[]) => ({ p50: +percentile(xs, 50).toFixed(1), p99: +percentile(xs, 99).toFixed(1) });
     process.stdout.write(
       `${JSON.stringify({
         services,
         mode,
+        kind,
         callsS: +(r.callsMs / 1000).toFixed(2),
         totalS: +(r.totalMs / 1000).toFixed(2),
         reloads: r.reloads,

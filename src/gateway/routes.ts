@@ -8,6 +8,7 @@ import { metricsRoutes } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
 import { createControlServerAuth, noServerAuth } from '../auth/index.js';
 import type { RouteModule } from '../api/app.js';
+import { byHostEligible } from '../reconcilers/ssh/host-routes.js';
 import type { Clock } from '../clock.js';
 import { dstackCompatRoutes } from '../compat/dstack/index.js';
 import type { Controller } from '../reconcilers/controller.js';
@@ -90,6 +91,11 @@ export function gatewayRoutes(
             tls: options.dstackCompatTls,
             certbotTimeoutS: options.certbotTimeout,
             ...clock,
+            sites: {
+              // What our default server relays by Host is reachable once the data plane has it.
+              byHost: (s) => options.defaultServer === 'true' && byHostEligible(s),
+              hurry: (generation) => loops.nginx.hurry(generation),
+            },
           }),
         ]
       : []),

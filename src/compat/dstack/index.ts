@@ -11,7 +11,7 @@ import { listensOnLoopbackOnly } from '../../api/api-token.js';
 import type { RouteModule } from '../../api/app.js';
 import { ProxyError } from '../../errors.js';
 import type { StateStore } from '../../state/store.js';
-import { dstackRoutes } from './routes.js';
+import { dstackRoutes, type DstackRoutesOptions } from './routes.js';
 import { compatWriter } from './store-write.js';
 import type { StatusSource } from './waits.js';
 
@@ -26,6 +26,8 @@ export interface DstackCompatOptions {
   certbotTimeoutS: number;
   /** The waits' bounds run on it. Default the system clock. */
   clock?: Clock;
+  /** How new sites become reachable (see DstackRoutesOptions.sites); absent, nothing waits for one. */
+  sites?: DstackRoutesOptions['sites'];
 }
 
 /** The routes as one route module; their waits end when the app closes. */
@@ -50,6 +52,7 @@ export function dstackCompatRoutes(o: DstackCompatOptions): RouteModule {
       certbotTimeoutS: o.certbotTimeoutS,
       signal: closing.signal,
       clock: o.clock ?? systemClock,
+      ...(o.sites ? { sites: o.sites } : {}),
       version: packageVersion(),
       logger,
     });

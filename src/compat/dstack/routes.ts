@@ -13,12 +13,22 @@ import type { Clock } from '../../clock.js';
 import { ProxyError } from '../../errors.js';
 import { serviceKey, type Entrypoint, type ProxyState, type Replica, type Service } from '../../spec/index.js';
 import type { StoredState } from '../../state/store.js';
+import { SSH_LOOP } from '../../reconcilers/outputs.js';
 import type { Call } from './calls.js';
 import { applyCall, listServices, type Outcome } from './mapper.js';
 import { jsonInvalidDetail, parseCall, type PathParams } from './requests.js';
 import type { CompatWriter, WriteAnswer } from './store-write.js';
 import { cannotRegisterReplica, certificateFailed, certificateTimedOut } from './texts.js';
-import { replicaCheck, replicaTimeout, waitForCertificate, waitForStatus, type CertFailure, type StatusSource } from './waits.js';
+import {
+  replicaCheck,
+  passCheck,
+  replicaTimeout,
+  siteCheck,
+  waitForCertificate,
+  waitForStatus,
+  type CertFailure,
+  type StatusSource,
+} from './waits.js';
 
 export interface DstackRoutesOptions {
   writer: CompatWriter;
@@ -35,12 +45,33 @@ export interface DstackRoutesOptions {
   signal: AbortSignal;
   /** The waits' bounds run on it. */
   clock: Clock;
+  /**
+   * How new sites become reachable. Absent: nothing waits for a site. Present: a registration
+   * whose domain has no site yet answers once Nginx serves it, unless the service is served
+   * through the default server by Host until then (`byHost`); the wait asks Nginx to reload
+   * without waiting out its interval (`hurry`), and concurrent registrations share the reload.
+   */
+  sites?: { byHost(service: Service): boolean; hurry(generation: number): void };
   version: string;
   logger: Logger;
 }
 
 /** The margin on top of a certbot run before a certificate wait gives up: the pass that starts it, the DNS check. */
 const CERT_WAIT_MARGIN_S = 20;
+
+/**
+ * How long a registration waits for its new site: a reload, and its confirmation that no
+ * worker of the configuration before still accepts (Nginx's own wait for that is 15 s).
+ */
+const SITE_WAIT_MS = 30_000;
+
+/** Every domain a document has a site for. */
+function siteDomains(state: ProxyState): Set<string> {
+  const out = new Set<string>();
+  for (const s of state.spec.services) if (s.domain !== undefined) out.add(s.domain);
+  for (const e of state.spec.entrypoints) out.add(e.domain);
+  return out;
+}
 
 type RouteKind = Call['kind'];
 
@@ -135,6 +166,32 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
     return { ok: false, text: certFailureText(domain, r.failure) };
   };
 
+  /**
+   * A registration that brought `domain` into the document (it had no site before): answered
+   * once the domain is reachable — its site served by Nginx, or, for what the default server
+   * relays by Host, the data plane routing it — or a bounded wait later. Not a failure when the
+   * site is late or refused: what was registered stays, and the site's status says why.
+   */
+  const newSite = async (
+    answer: Extract<WriteAnswer, { kind: 'written' }>,
+    domain: string,
+    byHost: boolean,
+    what: Record<string, string>,
+  ): Promise<'closed' | undefined> => {
+    if (o.sites === undefined || !answer.changed || siteDomains(answer.previous).has(domain)) return undefined;
+    if (!byHost) o.sites.hurry(answer.generation);
+    const check = byHost ? passCheck(SSH_LOOP, answer.generation) : siteCheck(domain, answer.generation);
+    const r = await waitForStatus(o.status, check, {
+      timeoutMs: SITE_WAIT_MS,
+      onTimeout: () => ({ kind: 'failed', reason: `not served within ${SITE_WAIT_MS / 1000} s` }),
+      signal: o.signal,
+      clock: o.clock,
+    });
+    if (r.kind === 'closed') return 'closed';
+    if (r.kind === 'failed') logger.warn({ ...what, domain, reason: r.reason }, 'registered, but its site is not served yet');
+    return undefined;
+  };
+
   const handle = async (kind: RouteKind, request: FastifyRequest, reply: FastifyReply, withBody: boolean): Promise<FastifyReply> => {
     let body: unknown = undefined;
     if (withBody) {
@@ -177,11 +234,14 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
       return detail(reply, 400, cannotRegisterReplica(id, project, run, r.reason));
     }
 
-    if (call.kind === 'registerService' && o.tls === 'wait') {
+    if (call.kind === 'registerService') {
       const { project } = call;
       const run = call.body.run_name.toLowerCase();
       const written = findService(answer.state, project, run);
-      if (written?.https && written.domain) {
+      if (written?.domain && (await newSite(answer, written.domain, o.sites?.byHost(written) ?? false, what)) === 'closed') {
+        return closed(reply);
+      }
+      if (o.tls === 'wait' && written?.https && written.domain) {
         const r = await certificate(written.domain, answer.generation);
         if (r === 'closed') return closed(reply);
         if (!r.ok) {
@@ -198,10 +258,11 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
       }
     }
 
-    if (call.kind === 'registerEntrypoint' && o.tls === 'wait') {
+    if (call.kind === 'registerEntrypoint') {
       const { project } = call;
       const written = findEntrypoint(answer.state, project);
-      if (written?.https) {
+      if (written && (await newSite(answer, written.domain, false, what)) === 'closed') return closed(reply);
+      if (o.tls === 'wait' && written?.https) {
         const r = await certificate(written.domain, answer.generation);
         if (r === 'closed') return closed(reply);
         if (!r.ok) {

@@ -5,7 +5,7 @@
 import type { Server } from 'node:http';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { TestGateway } from '../../helpers/gateway.js';
+import { send, type TestGateway } from '../../helpers/gateway.js';
 import { close, startEcho } from '../../helpers/http.js';
 import { eventually } from '../../helpers/nginx.js';
 import { freePort } from '../../helpers/ports.js';
@@ -81,6 +81,36 @@ describe('reloads under a stream of compat calls', () => {
     expect(reloads).toBeGreaterThanOrEqual(1);
     expect(reloads).toBeLessThanOrEqual(Math.ceil(seconds) + 1);
     expect((await listed(t)).length).toBe(SERVICES);
+  }, 120_000);
+
+  it('a service that needs its own site (auth, a model) is served when its call answers; calls at once share reloads', async () => {
+    await nginxSettled();
+    const served = async (domain: string): Promise<number> => {
+      // The site is Applied (no worker of the config before it still accepts) and answers: the
+      // token check (no control server here: 401 without a token), not the unknown host's 404.
+      const ready = t.gw.controller.statuses().loops.nginx?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
+      expect(ready).toMatchObject({ status: 'True', reason: 'Applied' });
+      return (await send({ port: t.httpPort, host: domain, path: '/v1/models' })).status;
+    };
+    // One at a time, each right after a reload: without the wait every one of these is deferred.
+    const before = { ...t.gw.nginxStats };
+    for (let i = 0; i < 3; i++) {
+      const p = registerServicePayload({ runName: `own-${i}`, sshPrivateKey: key.privateKey });
+      expect(p.auth).toBe(true);
+      expect((await dstack(t, dstackPaths.registerService('main'), p)).status).toBe(200);
+      expect(await served(p.domain)).toBe(401);
+    }
+    expect(t.gw.nginxStats.reloads - before.reloads).toBe(3);
+    // Several at once: each answers once its site is served, and they go in together.
+    const many = Array.from({ length: 6 }, (_, i) => registerServicePayload({ runName: `many-${i}`, sshPrivateKey: key.privateKey }));
+    const mid = t.gw.nginxStats.reloads;
+    const answers = await Promise.all(many.map((p) => dstack(t, dstackPaths.registerService('main'), p)));
+    for (const r of answers) expect(r.status).toBe(200);
+    for (const p of many) expect(await served(p.domain)).toBe(401);
+    console.log(`6 concurrent registrations of services with their own site: ${t.gw.nginxStats.reloads - mid} reload(s)`);
+    // A re-send of one of them changes nothing and waits for nothing.
+    const again = await dstack(t, dstackPaths.registerService('main'), many[0]);
+    expect(again.status).toBe(200);
   }, 120_000);
 
   it('replica registrations and unregistrations: no reload', async () => {
