@@ -91,11 +91,8 @@ export function gatewayRoutes(
             tls: options.dstackCompatTls,
             certbotTimeoutS: options.certbotTimeout,
             ...clock,
-            sites: {
-              // What our default server relays by Host is reachable once the data plane has it.
-              byHost: (s) => options.defaultServer === 'true' && byHostEligible(s),
-              hurry: (generation) => loops.nginx.hurry(generation),
-            },
+            // What our default server relays by Host is reachable once the data plane has it.
+            byHost: (s) => options.defaultServer === 'true' && byHostEligible(s),
           }),
         ]
       : []),

@@ -23,7 +23,6 @@ import {
   replicaCheck,
   passCheck,
   replicaTimeout,
-  siteCheck,
   waitForCertificate,
   waitForStatus,
   type CertFailure,
@@ -46,12 +45,12 @@ export interface DstackRoutesOptions {
   /** The waits' bounds run on it. */
   clock: Clock;
   /**
-   * How new sites become reachable. Absent: nothing waits for a site. Present: a registration
-   * whose domain has no site yet answers once Nginx serves it, unless the service is served
-   * through the default server by Host until then (`byHost`); the wait asks Nginx to reload
-   * without waiting out its interval (`hurry`), and concurrent registrations share the reload.
+   * Whether our default server serves this service by Host until its own site is served. Such a
+   * registration that brings a new domain in answers once the data plane routes it (the SSH
+   * loop's pass at the generation written): reachable when the call answers, no reload waited
+   * for. Any other new domain is served after the next (paced) reload, as are PUTs.
    */
-  sites?: { byHost(service: Service): boolean; hurry(generation: number): void };
+  byHost?: (service: Service) => boolean;
   version: string;
   logger: Logger;
 }
@@ -59,19 +58,8 @@ export interface DstackRoutesOptions {
 /** The margin on top of a certbot run before a certificate wait gives up: the pass that starts it, the DNS check. */
 const CERT_WAIT_MARGIN_S = 20;
 
-/**
- * How long a registration waits for its new site: a reload, and its confirmation that no
- * worker of the configuration before still accepts (Nginx's own wait for that is 15 s).
- */
-const SITE_WAIT_MS = 30_000;
-
-/** Every domain a document has a site for. */
-function siteDomains(state: ProxyState): Set<string> {
-  const out = new Set<string>();
-  for (const s of state.spec.services) if (s.domain !== undefined) out.add(s.domain);
-  for (const e of state.spec.entrypoints) out.add(e.domain);
-  return out;
-}
+/** How long a registration waits for the data plane to route its new domain (a pass takes milliseconds). */
+const ROUTE_WAIT_MS = 10_000;
 
 type RouteKind = Call['kind'];
 
@@ -167,28 +155,23 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
   };
 
   /**
-   * A registration that brought `domain` into the document (it had no site before): answered
-   * once the domain is reachable — its site served by Nginx, or, for what the default server
-   * relays by Host, the data plane routing it — or a bounded wait later. Not a failure when the
-   * site is late or refused: what was registered stays, and the site's status says why.
+   * A registration of a service served by Host (byHost) that changed the document: answered once
+   * the data plane routes it, or a bounded wait later (then it is routed at the SSH loop's next
+   * pass; nothing to undo).
    */
-  const newSite = async (
+  const routedByHost = async (
     answer: Extract<WriteAnswer, { kind: 'written' }>,
-    domain: string,
-    byHost: boolean,
     what: Record<string, string>,
   ): Promise<'closed' | undefined> => {
-    if (o.sites === undefined || !answer.changed || siteDomains(answer.previous).has(domain)) return undefined;
-    if (!byHost) o.sites.hurry(answer.generation);
-    const check = byHost ? passCheck(SSH_LOOP, answer.generation) : siteCheck(domain, answer.generation);
-    const r = await waitForStatus(o.status, check, {
-      timeoutMs: SITE_WAIT_MS,
-      onTimeout: () => ({ kind: 'failed', reason: `not served within ${SITE_WAIT_MS / 1000} s` }),
+    if (!answer.changed) return undefined;
+    const r = await waitForStatus(o.status, passCheck(SSH_LOOP, answer.generation), {
+      timeoutMs: ROUTE_WAIT_MS,
+      onTimeout: () => ({ kind: 'failed', reason: `not routed within ${ROUTE_WAIT_MS / 1000} s` }),
       signal: o.signal,
       clock: o.clock,
     });
     if (r.kind === 'closed') return 'closed';
-    if (r.kind === 'failed') logger.warn({ ...what, domain, reason: r.reason }, 'registered, but its site is not served yet');
+    if (r.kind === 'failed') logger.warn({ ...what, reason: r.reason }, 'registered, but the data plane does not route it yet');
     return undefined;
   };
 
@@ -238,9 +221,7 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
       const { project } = call;
       const run = call.body.run_name.toLowerCase();
       const written = findService(answer.state, project, run);
-      if (written?.domain && (await newSite(answer, written.domain, o.sites?.byHost(written) ?? false, what)) === 'closed') {
-        return closed(reply);
-      }
+      if (written?.domain && o.byHost?.(written) && (await routedByHost(answer, what)) === 'closed') return closed(reply);
       if (o.tls === 'wait' && written?.https && written.domain) {
         const r = await certificate(written.domain, answer.generation);
         if (r === 'closed') return closed(reply);
@@ -261,7 +242,6 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
     if (call.kind === 'registerEntrypoint') {
       const { project } = call;
       const written = findEntrypoint(answer.state, project);
-      if (written && (await newSite(answer, written.domain, false, what)) === 'closed') return closed(reply);
       if (o.tls === 'wait' && written?.https) {
         const r = await certificate(written.domain, answer.generation);
         if (r === 'closed') return closed(reply);

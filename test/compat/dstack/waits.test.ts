@@ -16,7 +16,7 @@ import { startPebble, type TestPebble } from '../../helpers/pebble.js';
 import { freePort } from '../../helpers/ports.js';
 import { startSshd, type TestSshd } from '../../helpers/sshd.js';
 import { tmpDir } from '../../helpers/tmp.js';
-import { certificateCheck, replicaCheck, waitForStatus, type StatusSource } from '../../../src/compat/dstack/waits.js';
+import { certificateCheck, passCheck, replicaCheck, waitForStatus, type StatusSource } from '../../../src/compat/dstack/waits.js';
 import type { LoopStatus, StatusSnapshot } from '../../../src/reconcilers/types.js';
 import { call } from '../../e2e/integration-harness.js';
 import { dstack, listed, startCompatGateway } from './harness.js';
@@ -124,6 +124,21 @@ describe('the checks (pure)', () => {
     expect(
       cert({ loops: { tls: loopWith('a.example.test', { status: 'False', reason: 'Pending', observedGeneration: 3 }) } }),
     ).toBeUndefined();
+  });
+
+  it("passCheck: the loop's own Ready at the generation or later, whatever its status", () => {
+    const loop = (observedGeneration: number, status: 'True' | 'False'): LoopStatus =>
+      ({
+        conditions: [{ type: 'Ready', status, reason: 'x', message: '', lastTransitionTime: new Date(0), observedGeneration }],
+        objects: {},
+        failures: {},
+      }) as unknown as LoopStatus;
+    const at7 = passCheck('ssh', 7);
+    expect(at7({ loops: {} })).toBeUndefined();
+    expect(at7({ loops: { ssh: loop(6, 'True') } })).toBeUndefined();
+    expect(at7({ loops: { tls: loop(9, 'True') } })).toBeUndefined();
+    expect(at7({ loops: { ssh: loop(7, 'False') } })).toEqual({ kind: 'ready' });
+    expect(at7({ loops: { ssh: loop(8, 'True') } })).toEqual({ kind: 'ready' });
   });
 
   it('waitForStatus: a verdict from a change, the timeout verdict, or closed', async () => {
