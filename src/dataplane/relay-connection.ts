@@ -31,7 +31,7 @@ import { parseRequestHead, type RequestHead } from '../http1/request-head.js';
 import { detailResponse } from './detail.js';
 import { DataPlaneError, statusFor } from './errors.js';
 import type { Replicas } from './replicas.js';
-import { BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
+import { AUTH_STAMP_HEADER, BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
 import { splice } from './splice.js';
 
 /** What a relayed connection reports to its balancer. */
@@ -124,6 +124,8 @@ export class RelayConnection {
     }
     const head = r.head;
     let service = this.serviceKey;
+    /** A by-host request for a service whose site adds CORS: the replica's own CORS headers go. */
+    let hideCors = false;
     if (service === null) {
       service = takeService(head.rawHeaders);
       if (service === null) {
@@ -133,8 +135,19 @@ export class RelayConnection {
         return this.#close(detailResponse(a.status, a.detail, false));
       }
       if (service === BY_HOST) {
-        service = this.replicas.serviceForHost(hostOf(head.rawHeaders)) ?? null;
-        if (service === null) return this.#unknownHost(head);
+        const routed = this.replicas.routeForHost(hostOf(head.rawHeaders));
+        // Set by our default server only: whatever a client sent under that name is gone.
+        const stamp = takeHeader(head.rawHeaders, AUTH_STAMP_LOWER);
+        if (routed === undefined) return this.#unknownHost(head);
+        service = routed.serviceKey;
+        const { route } = routed;
+        if (route.cors && head.method === 'OPTIONS') return this.#answerHere(head, PREFLIGHT, PREFLIGHT_CLOSE);
+        if (route.auth) {
+          // The check was for another service (the document changed meanwhile), or none ran.
+          if (stamp !== service) return this.#answerHere(head, NOT_CHECKED, NOT_CHECKED);
+          takeHeader(head.rawHeaders, 'authorization');
+        }
+        hideCors = route.cors;
       }
     }
     if (this.replicas.hasLeft(service)) {
@@ -171,7 +184,7 @@ export class RelayConnection {
       }
     }
     this.#buf = end === buf.length ? EMPTY : buf.subarray(end);
-    const req = new RelayRequest(this, head, service);
+    const req = new RelayRequest(this, head, service, hideCors);
     this.#req = req;
     req.exchange = this.replicas.dispatch(
       service,
@@ -182,13 +195,20 @@ export class RelayConnection {
 
   /**
    * A by-host request for a host without a route: Nginx answers it as it answers unknown hosts.
-   * A request with a body closes the connection (its body is not read); without one the next
-   * request on the connection is read as usual.
    */
   #unknownHost(head: RequestHead): void {
-    if (head.transferEncoding || head.contentLength > 0 || head.upgrade) return this.#close(UNKNOWN_HOST_CLOSE);
+    this.#answerHere(head, UNKNOWN_HOST, UNKNOWN_HOST_CLOSE);
+  }
+
+  /**
+   * A request answered here, no replica asked. A request with a body closes the connection (its
+   * body is not read: `closing`), as does one that asked to; otherwise the next request on the
+   * connection is read as usual.
+   */
+  #answerHere(head: RequestHead, answer: string, closing: string): void {
+    if (head.transferEncoding || head.contentLength > 0 || head.upgrade || !head.keepAlive) return this.#close(closing);
     this.#buf = head.size === this.#buf.length ? EMPTY : this.#buf.subarray(head.size);
-    this.socket.write(UNKNOWN_HOST, 'latin1');
+    this.socket.write(answer, 'latin1');
     if (this.#buf.length > 0) process.nextTick(this.#onNext);
   }
 
@@ -334,6 +354,7 @@ class RelayRequest implements Http1Handler {
     private readonly conn: RelayConnection,
     head: RequestHead,
     readonly serviceKey: string,
+    private readonly hideCors: boolean,
   ) {
     this.keepAlive = head.keepAlive;
     this.#isHead = head.method === 'HEAD';
@@ -353,6 +374,7 @@ class RelayRequest implements Http1Handler {
       if (n === 14 && sameLower(name, 0, 'content-length')) continue;
       if (n === 17 && sameLower(name, 0, 'transfer-encoding')) continue;
       if (n === 10 && (sameLower(name, 0, 'connection') || sameLower(name, 0, 'keep-alive'))) continue;
+      if (this.hideCors && isCorsHeader(name)) continue;
       h += `${name}: ${headers[i + 1]!}\r\n`;
     }
     if (this.#isHead || status === 204 || status === 304) {
@@ -563,6 +585,38 @@ function connectionNames(value: string, names: readonly string[]): readonly stri
 
 const UNKNOWN_HOST = `HTTP/1.1 404 Not Found\r\nX-Accel-Redirect: ${UNKNOWN_HOST_LOCATION}\r\nContent-Length: 0\r\n\r\n`;
 const UNKNOWN_HOST_CLOSE = `HTTP/1.1 404 Not Found\r\nX-Accel-Redirect: ${UNKNOWN_HOST_LOCATION}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`;
+/** A CORS preflight, as a model's site answers it (the default server adds the CORS headers). */
+const PREFLIGHT = 'HTTP/1.1 204 No Content\r\n\r\n';
+const PREFLIGHT_CLOSE = 'HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n';
+/** A by-host request for an `auth: true` service that Nginx's token check did not pass for it. */
+const NOT_CHECKED = detailResponse(401, 'Not authenticated', false);
+const AUTH_STAMP_LOWER = AUTH_STAMP_HEADER.toLowerCase();
+
+/** The CORS headers a model's site sets itself (the replica's are hidden there). */
+function isCorsHeader(name: string): boolean {
+  if (name.length === 27) return sameLower(name, 0, 'access-control-allow-origin');
+  return name.length === 28 && (sameLower(name, 0, 'access-control-allow-methods') || sameLower(name, 0, 'access-control-allow-headers'));
+}
+
+/** Takes every header `lower` (a lower-case name) out of `raw` in place; the first one's value, or null. */
+function takeHeader(raw: string[], lower: string): string | null {
+  let value: string | null = null;
+  let w = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === lower.length && sameLower(name, 0, lower)) {
+      value ??= raw[i + 1]!;
+      continue;
+    }
+    if (w !== i) {
+      raw[w] = name;
+      raw[w + 1] = raw[i + 1]!;
+    }
+    w += 2;
+  }
+  raw.length = w;
+  return value;
+}
 
 /** The request's Host without a port, as Nginx's $host has it (lower case); '' without one. */
 function hostOf(raw: readonly string[]): string {

@@ -29,6 +29,7 @@ import type { Logger } from 'pino';
 import { systemClock, type Clock } from '../clock.js';
 import { Http1Pool, type Http1Exchange, type Http1Handler, type Http1Request } from '../http1/index.js';
 import { Dispatch } from './dispatch.js';
+import { sameRoute, type HostRoute } from './service-header.js';
 import { ConnectFailure, errorText, finalError, Replica, type Tally, type Upstream } from './replica.js';
 
 export type { Upstream } from './replica.js';
@@ -88,9 +89,9 @@ export class Replicas {
   readonly #perReplica: number;
   /** Read timeouts of the services that set their own. */
   readonly #serviceReadMs = new Map<string, number>();
-  /** By-host routes: host → service, and each routed service's host. */
-  readonly #hostService = new Map<string, string>();
-  readonly #serviceHost = new Map<string, string>();
+  /** By-host routes: host → service and its route, and each routed service's route. */
+  readonly #hostService = new Map<string, { serviceKey: string; route: HostRoute }>();
+  readonly #serviceHost = new Map<string, HostRoute>();
   /** Services that left the document while a site may still name them: the hosts still claimed then. */
   readonly #left = new Map<string, ReadonlySet<string>>();
   readonly logger: Logger | undefined;
@@ -142,22 +143,22 @@ export class Replicas {
    * Host; null removes the service's route. A host names one service at most: the document's
    * domains are unique, and a route set for another service replaces the old one.
    */
-  setHostRoute(serviceKey: string, host: string | null): void {
+  setHostRoute(serviceKey: string, route: HostRoute | null): void {
     const old = this.#serviceHost.get(serviceKey);
-    if (old === host) return;
+    if (route !== null && sameRoute(old, route)) return;
     if (old !== undefined) {
       this.#serviceHost.delete(serviceKey);
-      if (this.#hostService.get(old) === serviceKey) this.#hostService.delete(old);
+      if (this.#hostService.get(old.host)?.serviceKey === serviceKey) this.#hostService.delete(old.host);
     }
-    if (host === null) return;
-    const prev = this.#hostService.get(host);
-    if (prev !== undefined) this.#serviceHost.delete(prev);
-    this.#hostService.set(host, serviceKey);
-    this.#serviceHost.set(serviceKey, host);
+    if (route === null) return;
+    const prev = this.#hostService.get(route.host);
+    if (prev !== undefined) this.#serviceHost.delete(prev.serviceKey);
+    this.#hostService.set(route.host, { serviceKey, route });
+    this.#serviceHost.set(serviceKey, route);
   }
 
-  /** The service routed by `host` (lower case, no port). */
-  serviceForHost(host: string): string | undefined {
+  /** The service routed by `host` (lower case, no port), with its route. */
+  routeForHost(host: string): { serviceKey: string; route: HostRoute } | undefined {
     return this.#hostService.get(host);
   }
 
@@ -187,11 +188,11 @@ export class Replicas {
    * service any more, and is answered as an unknown host at once rather than at the next reload.
    */
   successorOf(serviceKey: string, host: string): string | null {
-    return this.#hostService.get(host) ?? (this.#left.get(serviceKey)?.has(host) ? serviceKey : null);
+    return this.#hostService.get(host)?.serviceKey ?? (this.#left.get(serviceKey)?.has(host) ? serviceKey : null);
   }
 
   /** Every by-host route, by service. */
-  hostRoutes(): ReadonlyMap<string, string> {
+  hostRoutes(): ReadonlyMap<string, HostRoute> {
     return this.#serviceHost;
   }
 

@@ -16,7 +16,51 @@ export const SHARED_SOCKET_NAME = 'dataplane.sock';
 export const BY_HOST = 'by-host';
 
 /**
+ * How the data plane serves a host our default server relays (Replicas.setHostRoute): what the
+ * service's own site would do beyond the relay, done here until that site is served.
+ */
+export interface HostRoute {
+  /** The host, lower case, as Nginx's $host. */
+  readonly host: string;
+  /**
+   * An OpenAI-format model's CORS: a preflight (OPTIONS) is answered here, never by a replica,
+   * and the replica's own CORS headers are dropped (the default server adds the site's).
+   */
+  readonly cors: boolean;
+  /**
+   * `auth: true`: only a request Nginx's by-host auth check passed for this very service (its
+   * AUTH_STAMP_HEADER names it) goes on, without the client's Authorization.
+   */
+  readonly auth: boolean;
+}
+
+/** Whether two routes serve a host alike. */
+export function sameRoute(a: HostRoute | undefined, b: HostRoute | undefined): boolean {
+  return a === b || (a !== undefined && b !== undefined && a.host === b.host && a.cors === b.cors && a.auth === b.auth);
+}
+
+/**
+ * Set by our default server from its by-host auth check: the service key whose token check the
+ * request passed (a client's own header of this name is replaced, or removed when the check
+ * named none). Never reaches a replica.
+ */
+export const AUTH_STAMP_HEADER = 'X-Dstack-Proxy-Auth';
+
+/**
  * What the data plane answers a by-host request for a host it has no route for: Nginx's own
  * default-server 404, through this named location (X-Accel-Redirect), which logs nothing.
  */
 export const UNKNOWN_HOST_LOCATION = '@dstack_unknown_host';
+
+/**
+ * The by-host auth check our default server asks of the gateway's API (auth_request) before it
+ * relays a request by Host: the host's service decides — a token checked for `auth: true`, CORS
+ * headers for an OpenAI-format model, nothing for any other host.
+ */
+export const HOST_AUTH_PATH = '/api/host-auth';
+/** Request headers of the check: the client's Host (Nginx's $host) and method. */
+export const HOST_AUTH_HOST_HEADER = 'X-Dstack-Proxy-Host';
+export const HOST_AUTH_METHOD_HEADER = 'X-Dstack-Proxy-Method';
+/** Answer headers of the check: the service whose token check passed (the stamp), a model's CORS origin. */
+export const HOST_AUTH_SERVICE_HEADER = 'X-Dstack-Proxy-Auth-Service';
+export const HOST_AUTH_CORS_HEADER = 'X-Dstack-Proxy-Cors';

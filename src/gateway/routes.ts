@@ -8,6 +8,7 @@ import { metricsRoutes } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
 import { createControlServerAuth, noServerAuth } from '../auth/index.js';
 import type { RouteModule } from '../api/app.js';
+import { hostAuthRoutes } from './host-auth.js';
 import { byHostEligible } from '../reconcilers/ssh/host-routes.js';
 import type { Clock } from '../clock.js';
 import { dstackCompatRoutes } from '../compat/dstack/index.js';
@@ -62,6 +63,8 @@ export function gatewayRoutes(
       a.register(async (scope) => {
         scope.addHook('onRequest', thisHostOnly);
         await scope.register(authRoutes, { auth });
+        // The default server's check before it relays a host without a site (by-host).
+        await scope.register(hostAuthRoutes, { auth, getState: () => d.current().state });
       }),
     // Stats and metrics list every project, service, replica and domain: management data. dstack's
     // server polls the stats without a token; with its routes on, the API is loopback-only.

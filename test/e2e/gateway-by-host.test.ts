@@ -1,8 +1,9 @@
 // A new service is served before the reload that brings its own site in, against the real
 // private Nginx: a reload right after another (the one at start) waits out the minimum
 // interval, 15 s here, and meanwhile our default server relays by Host to the data plane. Only
-// a service whose site would add nothing to the relay is served that way: one with auth waits
-// for its site (404, as an unknown host). An unknown host still gets Nginx's own 404, logged
+// a service whose site the relay can stand in for is served that way (auth: its token checked by
+// the default server; a model: its CORS); one with rate limits waits for its site (404, as an
+// unknown host). An unknown host still gets Nginx's own 404, logged
 // nowhere; a service's requests through the default server are in the access log the stats
 // read.
 
@@ -54,11 +55,12 @@ function raw(text: string): Promise<string> {
 }
 
 describe('a service without a site of its own yet', () => {
-  it('is served through the default server while its reload waits; one with auth is not', async () => {
+  it('is served through the default server while its reload waits, one with auth too; one with limits is not', async () => {
     const open: SvcInput = { run: 'open', ports: [echoPort] };
     const guarded: SvcInput = { run: 'guarded', ports: [echoPort], auth: true };
+    const limited: SvcInput = { run: 'limited', ports: [echoPort], rateLimits: [{ prefix: '/', key: { type: 'ipAddress' }, rps: 100 }] };
     // The gateway reloaded Nginx as it started: this change waits out the interval.
-    const r = await api(t, { method: 'PUT', path: '/api/v1/state', body: gatewayDoc([open, guarded]) });
+    const r = await api(t, { method: 'PUT', path: '/api/v1/state', body: gatewayDoc([open, guarded, limited]) });
     expect(r.status).toBe(200);
 
     const answered = await eventually(async () => {
@@ -73,11 +75,13 @@ describe('a service without a site of its own yet', () => {
     expect(body.headers).toMatchObject({ host: 'open.gw.test', 'x-real-ip': '127.0.0.2', 'x-forwarded-proto': 'http' });
     expect(Object.keys(body.headers).filter((h) => h.startsWith('x-dstack'))).toEqual([]);
 
-    // Auth needs its site's auth_request: until that is served, the host is unknown to Nginx.
+    // One with auth is served the same way, its token checked as its site would check it (no
+    // control server here: no token is 401); gateway-by-host-auth.test.ts checks real tokens.
     const g = await get('guarded.gw.test');
-    expect(g.status).toBe(404);
-    expect(g.body).toMatch(NGINX_404);
+    expect(g.status).toBe(401);
     expect(siteReady('guarded.gw.test')?.reason).not.toBe('Applied');
+    // One with a rate limit needs its site's limit_req: until that is served, its host is unknown to Nginx.
+    expect((await get('limited.gw.test')).status).toBe(404);
   });
 
   it('an unknown host gets the default 404, on every method, and the connection stays usable', async () => {

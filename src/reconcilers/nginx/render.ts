@@ -21,7 +21,16 @@
 // Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
 // X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
-import { BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from '../../dataplane/service-header.js';
+import {
+  AUTH_STAMP_HEADER,
+  BY_HOST,
+  HOST_AUTH_CORS_HEADER,
+  HOST_AUTH_HOST_HEADER,
+  HOST_AUTH_METHOD_HEADER,
+  HOST_AUTH_SERVICE_HEADER,
+  SERVICE_HEADER,
+  UNKNOWN_HOST_LOCATION,
+} from '../../dataplane/service-header.js';
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
 
@@ -40,6 +49,8 @@ export const REPLICA_LOCATION = '@dstack_replica';
 /** Where Nginx's own 504 (the replica silent past proxy_read_timeout) is answered in JSON. */
 const TIMEOUT_LOCATION = '@dstack_timeout';
 export const AUTH_LOCATION = '/_dstack_auth';
+/** The default server's by-host auth check (HOST_AUTH_PATH). */
+const HOST_AUTH_LOCATION = '/_dstack_host_auth';
 export const ACME_PREFIX = '/.well-known/acme-challenge/';
 /**
  * The access log's format (src/stats/parse.ts reads its lines). Not `dstack_stat`: a host that
@@ -70,6 +81,11 @@ export function renderGlobal(v: GlobalView): string {
   l.push(...block('map $host $dstack_replica_hit', ['default 0;']), '');
   l.push('# Upstream keepalive needs Connection "" on plain requests; WebSocket upgrades pass "upgrade".');
   l.push(...block('map $http_upgrade $dstack_connection_upgrade', ['default upgrade;', "'' '';"]), '');
+  if (v.byHost) {
+    // The rest of a model's CORS, for hosts the by-host check gave an origin (empty: no header).
+    l.push(...block('map $dstack_host_cors $dstack_host_cors_methods', ["'' '';", `default ${quote(CORS_METHODS)};`]), '');
+    l.push(...block('map $dstack_host_cors $dstack_host_cors_headers', ["'' '';", `default ${quote(CORS_HEADERS)};`]), '');
+  }
   l.push(...dataplaneUpstream(v));
   l.push(...trustedProxies(v));
   l.push(...internalRealIp(v));
@@ -121,6 +137,15 @@ function byHostLocations(b: NonNullable<GlobalView['byHost']>, upstream: string)
     ...block('location /', [
       `access_log ${quote(b.accessLogPath)} ${LOG_FORMAT};`,
       `client_max_body_size ${b.clientMaxBodySize};`,
+      // What the host's service would have its site do: check its token (the check names the
+      // service it passed for, and the data plane serves only that one), add a model's CORS.
+      `auth_request ${HOST_AUTH_LOCATION};`,
+      `auth_request_set $dstack_host_auth $upstream_http_${headerVariable(HOST_AUTH_SERVICE_HEADER)};`,
+      `auth_request_set $dstack_host_cors $upstream_http_${headerVariable(HOST_AUTH_CORS_HEADER)};`,
+      // An empty value adds no header: only a model's host gets these.
+      'add_header Access-Control-Allow-Origin $dstack_host_cors always;',
+      `add_header Access-Control-Allow-Methods $dstack_host_cors_methods always;`,
+      `add_header Access-Control-Allow-Headers $dstack_host_cors_headers always;`,
       'set $dstack_replica_hit 1;',
       `proxy_pass http://${upstream};`,
       'proxy_http_version 1.1;',
@@ -128,14 +153,29 @@ function byHostLocations(b: NonNullable<GlobalView['byHost']>, upstream: string)
       'proxy_set_header Upgrade $http_upgrade;',
       'proxy_set_header Connection $dstack_connection_upgrade;',
       `proxy_set_header ${SERVICE_HEADER} ${BY_HOST};`,
+      `proxy_set_header ${AUTH_STAMP_HEADER} $dstack_host_auth;`,
       `error_page 504 ${TIMEOUT_LOCATION};`,
       `proxy_read_timeout ${b.proxyReadTimeoutSec}s;`,
       `proxy_send_timeout ${b.proxyReadTimeoutSec}s;`,
       'proxy_buffering off;',
     ]),
+    ...block(`location = ${HOST_AUTH_LOCATION}`, [
+      'internal;',
+      `proxy_pass ${b.authUrl};`,
+      'proxy_pass_request_body off;',
+      'proxy_set_header Content-Length "";',
+      `proxy_set_header ${HOST_AUTH_HOST_HEADER} $host;`,
+      `proxy_set_header ${HOST_AUTH_METHOD_HEADER} $request_method;`,
+      'proxy_set_header Authorization $http_authorization;',
+    ]),
     ...block(`location ${UNKNOWN_HOST_LOCATION}`, ['access_log off;', 'return 404;']),
     ...timeoutBlock(),
   ];
+}
+
+/** Nginx's variable name part for a header: lower case, dashes as underscores. */
+function headerVariable(name: string): string {
+  return name.toLowerCase().replace(/-/g, '_');
 }
 
 /**

@@ -2,6 +2,7 @@
 // text). buildViews is pure: everything it needs from the world (certificates, upstream
 // addresses) comes in through options.
 
+import { HOST_AUTH_PATH } from '../../dataplane/service-header.js';
 import { ProxyError } from '../../errors.js';
 import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
 import { DEFAULT_CLIENT_MAX_BODY_SIZE, ROUTER_ALLOWED_PATHS, serviceKey } from '../../spec/types.js';
@@ -164,7 +165,14 @@ export interface GlobalView {
   /** The shared data-plane upstream (ViewOptions.dataplaneSocket), or null. */
   dataplane: { name: string; server: string } | null;
   /** ViewOptions.byHostDefault: what the default server's relay to the data plane sets. */
-  byHost: { accessLogPath: string; clientMaxBodySize: number; proxyReadTimeoutSec: number; behindProxies: boolean } | null;
+  byHost: {
+    accessLogPath: string;
+    clientMaxBodySize: number;
+    proxyReadTimeoutSec: number;
+    behindProxies: boolean;
+    /** The by-host auth check (HOST_AUTH_PATH on the API): a service's token and CORS, by Host. */
+    authUrl: string;
+  } | null;
 }
 
 export interface Views {
@@ -291,6 +299,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
               clientMaxBodySize: DEFAULT_CLIENT_MAX_BODY_SIZE,
               proxyReadTimeoutSec: opts.proxyReadTimeoutSec ?? DEFAULT_PROXY_READ_TIMEOUT_SEC,
               behindProxies,
+              authUrl: `${apiUrl}${HOST_AUTH_PATH}`,
             }
           : null,
     },

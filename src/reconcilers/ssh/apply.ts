@@ -89,7 +89,7 @@ export class SshApplier {
     for (const action of actions) {
       const p = action.payload;
       if (p.what === 'host') {
-        replicas.setHostRoute(p.serviceKey, p.host);
+        replicas.setHostRoute(p.serviceKey, p.route);
         index.touch(p.serviceKey);
         outcomes.set(action.key, 'done');
       } else if (p.what === 'options') {

@@ -1,32 +1,42 @@
 // Which services the data plane routes by Host, for requests our default server relays before
 // a service's own site is served, and which hosts the document has at all.
 
+import type { HostRoute } from '../../dataplane/service-header.js';
 import { DEFAULT_CLIENT_MAX_BODY_SIZE, serviceKey, type ProxyState, type Service } from '../../spec/types.js';
 
 /**
  * The services our default server may relay by Host before their own site is served: those
- * whose site would add nothing to the relay — plain HTTP (no certificate to redirect to), no
- * token to check, no rate limit, no router allowlist, no CORS (an OpenAI-format model), the default body limit
- * and read timeout (what the default server sets).
- * Any other waits for its site, and its host answers 404 until then, as it did before.
+ * whose site adds nothing the relay and the data plane do not do alike — plain HTTP (no
+ * certificate to redirect to), no rate limit, no router allowlist, the default body limit and
+ * read timeout (what the default server sets). A token check (`auth`) is the default server's
+ * by-host auth check, an OpenAI-format model's CORS its headers and the data plane's preflight
+ * answer (HostRoute). Any other waits for its site, and its host answers 404 until then.
  */
 export function byHostEligible(s: Service): boolean {
   return (
     s.domain !== undefined &&
     !s.https &&
-    !s.auth &&
     s.rateLimits.length === 0 &&
     s.routerAllowlist !== true &&
-    s.model?.format !== 'openai' &&
     s.clientMaxBodySize === DEFAULT_CLIENT_MAX_BODY_SIZE &&
     s.readTimeout === undefined
   );
 }
 
-/** By-host routes the document asks for: service key → its domain in lower case, as Nginx's $host. */
-export function hostRoutesOf(spec: ProxyState): Map<string, string> {
-  const out = new Map<string, string>();
-  for (const s of spec.spec.services) if (byHostEligible(s)) out.set(serviceKey(s), s.domain!.toLowerCase());
+/** Whether an OpenAI-format model's site adds CORS: the same rule as the site's. */
+export function servesCors(s: Service): boolean {
+  return s.model?.format === 'openai';
+}
+
+/** The by-host route of an eligible service (its domain in lower case, as Nginx's $host). */
+export function hostRouteOf(s: Service): HostRoute {
+  return { host: s.domain!.toLowerCase(), cors: servesCors(s), auth: s.auth };
+}
+
+/** By-host routes the document asks for, by service key. */
+export function hostRoutesOf(spec: ProxyState): Map<string, HostRoute> {
+  const out = new Map<string, HostRoute>();
+  for (const s of spec.spec.services) if (byHostEligible(s)) out.set(serviceKey(s), hostRouteOf(s));
   return out;
 }
 

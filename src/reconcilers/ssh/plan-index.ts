@@ -10,7 +10,7 @@ export interface IndexSources {
   retiring: ReadonlyMap<string, Retiring>;
   listening: KeySet;
   readTimeouts: ReadonlyMap<string, number>;
-  hostRoutes: ReadonlyMap<string, string>;
+  hostRoutes: ReadonlyMap<string, unknown>;
 }
 
 /**

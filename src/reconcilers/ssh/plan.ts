@@ -9,6 +9,7 @@
 // service, a replica that moved, an option or route left behind) is found by counting what the
 // walk matched, and looked for only when the counts say something is left over.
 
+import { sameRoute, type HostRoute } from '../../dataplane/service-header.js';
 import type { Action } from '../types.js';
 import { describeTarget, type DesiredReplica, type ServiceDesired } from './targets.js';
 
@@ -35,8 +36,8 @@ export interface ObservedSsh {
   now?: number;
   /** Read timeouts (ms) of the services that have their own, as the data plane has them. */
   readTimeouts?: ReadonlyMap<string, number>;
-  /** By-host routes (service → host), as the data plane has them. */
-  hosts?: ReadonlyMap<string, string>;
+  /** By-host routes by service, as the data plane has them. */
+  hosts?: ReadonlyMap<string, HostRoute>;
   /** The ids of `replicas` by service; derived from `replicas` when absent. */
   replicasByService?: ReadonlyMap<string, ReadonlySet<string>>;
   /**
@@ -90,7 +91,7 @@ export type SshPayload =
   /** A service's own read timeout in the data plane; null: back to the default. */
   | { what: 'options'; serviceKey: string; readTimeoutMs: number | null }
   /** A service's by-host route; null: none. */
-  | { what: 'host'; serviceKey: string; host: string | null };
+  | { what: 'host'; serviceKey: string; route: HostRoute | null };
 
 /**
  * Services found converged, by their entry: the version of what was held then. The loop keeps
@@ -100,7 +101,7 @@ export type ConvergedServices = WeakMap<ServiceDesired, ServiceFacts>;
 
 const NO_RETIRING: ReadonlyMap<string, Retiring> = new Map();
 const NO_NUMBERS: ReadonlyMap<string, number> = new Map();
-const NO_HOSTS: ReadonlyMap<string, string> = new Map();
+const NO_HOSTS: ReadonlyMap<string, HostRoute> = new Map();
 
 /**
  * The actions that close the gap: per service socket create/restore/delete/close, per
@@ -166,7 +167,8 @@ export function planSsh(desired: SshDesired, observed: ObservedSsh, drainMs: num
     if (wantTimeout !== undefined ? timeout !== wantTimeout : timeout !== undefined)
       options.push(timeoutAction(sk, wantTimeout ?? null, timeout));
     const wantRoute = desired.hostRoutes ? d.byHost : undefined;
-    if (wantRoute !== undefined ? route !== wantRoute : route !== undefined) routes.push(routeAction(sk, wantRoute ?? null, route));
+    if (wantRoute !== undefined ? !sameRoute(route, wantRoute) : route !== undefined)
+      routes.push(routeAction(sk, wantRoute ?? null, route));
 
     const quiet = isListening && !retiring && before === tunnels.length + options.length + routes.length + unclaimed.length;
     if (quiet && converged !== undefined && facts !== undefined) converged.set(d, facts);
@@ -312,18 +314,19 @@ function timeoutAction(sk: string, ms: number | null, have: number | undefined):
  * a service that has none (gone, or no longer one our default server may serve): a request for
  * a removed service's host then gets the unknown host's 404, as it would once its site is gone.
  */
-function routeAction(sk: string, host: string | null, have: string | undefined): Action<SshPayload> {
-  if (host === null)
+function routeAction(sk: string, route: HostRoute | null, have: HostRoute | undefined): Action<SshPayload> {
+  if (route === null)
     return {
       key: `host:${sk}`,
       kind: 'delete',
-      summary: `no route by host ${have} to ${sk}`,
-      payload: { what: 'host', serviceKey: sk, host: null },
+      summary: `no route by host ${have?.host} to ${sk}`,
+      payload: { what: 'host', serviceKey: sk, route: null },
     };
+  const extras = [route.auth ? 'token checked' : '', route.cors ? 'CORS' : ''].filter(Boolean).join(', ');
   return {
     key: `host:${sk}`,
     kind: have === undefined ? 'create' : 'update',
-    summary: `route requests for ${host} without a site of their own to ${sk}`,
-    payload: { what: 'host', serviceKey: sk, host },
+    summary: `route requests for ${route.host} without a site of their own to ${sk}${extras ? ` (${extras})` : ''}`,
+    payload: { what: 'host', serviceKey: sk, route },
   };
 }

@@ -7,7 +7,8 @@ import { createHash } from 'node:crypto';
 import type { HostKeyPolicy, ProxyState, Replica, Service, SshHop, SshProxyHop } from '../../spec/types.js';
 import { DEFAULT_SSH_PORT, serviceKey } from '../../spec/types.js';
 import { privateKeyReader, type UsableKey } from '../../spec/keys.js';
-import { byHostEligible } from './host-routes.js';
+import type { HostRoute } from '../../dataplane/service-header.js';
+import { byHostEligible, hostRouteOf } from './host-routes.js';
 
 export interface HopTarget {
   host: string;
@@ -52,8 +53,8 @@ export interface ServiceDesired {
   readTimeoutMs: number | undefined;
   /** Its domain in lower case, as Nginx's $host; undefined without one. */
   domain: string | undefined;
-  /** Its by-host route (its domain) when our default server may relay to it by Host. */
-  byHost: string | undefined;
+  /** Its by-host route when our default server may relay to it by Host. */
+  byHost: HostRoute | undefined;
 }
 
 /** Pure: the sockets and connections the spec asks for. */
@@ -95,7 +96,7 @@ export function servicesDesired(state: ProxyState, appHost = 'localhost'): reado
           }),
           readTimeoutMs: s.readTimeout === undefined ? undefined : s.readTimeout * 1000,
           domain,
-          byHost: byHostEligible(s) ? domain : undefined,
+          byHost: byHostEligible(s) ? hostRouteOf(s) : undefined,
         },
       };
       perService.set(s, memo);

@@ -228,7 +228,7 @@ describe('plan skipping converged services', () => {
       }),
       none,
     );
-    const hosts = new Map([['main/gone', 'gone.test']]);
+    const hosts = new Map([['main/gone', { host: 'gone.test', cors: false, auth: false }]]);
     const plan = planSsh(next, { ...held, facts: byService, hosts }, 1000, converged);
     expect(plan.map((a) => `${a.kind} ${a.key}`)).toEqual(['delete service:main/other', 'update replica:r2', 'delete host:main/gone']);
     expect(planDifference(plan, planSsh(next, { ...held, hosts }, 1000))).toBeNull();
