@@ -17,8 +17,9 @@
 // services with an OpenAI model (ours; `node dist/bench/compat.js 1000 ours model`). DC3sg: a
 // services/register's p99 with the document held at 10 and at 1,000 services (both modes).
 // DSTACK_PROXY_BENCH_ONLY=DC1* runs only the small one.
-// `node dist/bench/compat.js [services] [unshared|as-dstack]` runs one round alone and prints its
-// figures; `node dist/bench/compat.js steady [as-dstack]` the DC3sg round.
+// `node dist/bench/compat.js [services] [unshared|as-dstack] [plain|model] [probe]` runs one round
+// alone and prints its figures (probe: a request to each host right after its services/register
+// answered, counting the 404s: services not reachable when their call answered); `node dist/bench/compat.js steady [as-dstack]` the DC3sg round.
 
 import { spawn, type ChildProcess } from 'node:child_process';
 import http from 'node:http';
@@ -59,6 +60,8 @@ interface Round {
   serviceMs: number[];
   replicaMs: number[];
   load: { start: number; end: number };
+  /** With `probe`: hosts that answered 404 (not served) to a request sent right after their services/register answered. */
+  unservedAfterAnswer?: number;
 }
 
 interface Fixture {
@@ -196,7 +199,7 @@ function depsOf(mode: Mode): GatewayDeps {
   return mode === 'unshared' ? { ssh: { shareConnections: false } } : {};
 }
 
-async function registerRound(f: Fixture, services: number, mode: Mode, kind: Kind = 'plain'): Promise<Round> {
+async function registerRound(f: Fixture, services: number, mode: Mode, kind: Kind = 'plain', probe = false): Promise<Round> {
   const tmp = tmpDir('dp-bench-compat-gw-');
   const { gw, httpPort } = await startBenchGateway(join(tmp.dir, 'state'), depsOf(mode), { dstackCompat: 'true' });
   try {
@@ -206,11 +209,16 @@ async function registerRound(f: Fixture, services: number, mode: Mode, kind: Kin
     const load0 = os.loadavg()[0]!;
     const reloads0 = gw.nginxStats.reloads;
     const t0 = performance.now();
+    const probeAgent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    let unserved = 0;
     for (let i = 0; i < services; i++) {
       serviceMs.push(await call(`${registry}/register`, registerServiceBody(i, f.projectKey, kind)));
+      // Reachable when the call answered? (503 without a replica yet; 404: Nginx knows no such host.)
+      if (probe && (await get(httpPort, domainOf(i), probeAgent)) === 404) unserved++;
       replicaMs.push(await call(`${registry}/${runName(i)}/replicas/register`, registerReplicaBody(f)));
     }
     const callsMs = performance.now() - t0;
+    probeAgent.destroy();
     await allAnswer(
       httpPort,
       Array.from({ length: services }, (_, i) => domainOf(i)),
@@ -226,6 +234,7 @@ async function registerRound(f: Fixture, services: number, mode: Mode, kind: Kin
       serviceMs,
       replicaMs,
       load: { start: load0, end: os.loadavg()[0]! },
+      ...(probe ? { unservedAfterAnswer: unserved } : {}),
     };
   } finally {
     await gw.close();
@@ -486,13 +495,14 @@ if (process.argv[1] === fileURLToPath(import.meta.url) && process.argv[2] === 's
   try {
     const mode: Mode = process.argv[3] === 'as-dstack' || process.argv[3] === 'unshared' ? process.argv[3] : 'ours';
     const kind: Kind = process.argv[4] === 'model' ? 'model' : 'plain';
-    const r = await registerRound(f, services, mode, kind);
+    const r = await registerRound(f, services, mode, kind, process.argv.includes('probe'));
     const p = (xs: number[]) => ({ p50: +percentile(xs, 50).toFixed(1), p99: +percentile(xs, 99).toFixed(1) });
     process.stdout.write(
       `${JSON.stringify({
         services,
         mode,
         kind,
+        ...(r.unservedAfterAnswer !== undefined ? { unservedAfterAnswer: r.unservedAfterAnswer } : {}),
         callsS: +(r.callsMs / 1000).toFixed(2),
         totalS: +(r.totalMs / 1000).toFixed(2),
         reloads: r.reloads,
