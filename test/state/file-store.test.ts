@@ -4,7 +4,10 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { ProxyError } from '../../src/errors.js';
 import { hashSpec, loadDocument, wholeTextHash, type ProxyState } from '../../src/spec/index.js';
 import { STATE_FILE, openFileStore } from '../../src/state/file-store.js';
+import { openWatchedFileStore } from '../../src/state/watched-file-store.js';
+import { FakeClock } from '../helpers/fake-clock.js';
 import { tmpDir } from '../helpers/tmp.js';
+import { turns, turnsUntil } from './turns.js';
 
 const docA = loadDocument(readFileSync('examples/local-state.yaml', 'utf8'));
 const docB: ProxyState = { ...docA, spec: { ...docA.spec, services: [] } };
@@ -216,5 +219,35 @@ describe('file state store', () => {
     await reopened.write(docB);
     expect(readFileSync(file, 'utf8')).toContain(hashSpec(docB));
     expect(readFileSync(file, 'utf8')).not.toContain(legacy);
+  });
+
+  // The watched store's poll runs on the injected clock: a change made behind its back (another
+  // instance writing the same directory) shows once the clock has moved by pollMs.
+  it('stats state.json on its clock while watched, and picks up a change made behind its back after pollMs', async () => {
+    const clock = new FakeClock();
+    const store = await openWatchedFileStore({ stateDir, pollMs: 60_000, clock });
+    expect(clock.pendingTimers()).toBe(0); // nobody watches yet
+    const seen: number[] = [];
+    const stop = store.watch((s) => seen.push(s.generation));
+    expect(clock.pendingTimers()).toBe(1);
+
+    const other = await openWatchedFileStore({ stateDir });
+    await other.write(docA);
+    await other.close();
+    clock.advance(59_999);
+    await turns();
+    expect(seen).toEqual([]);
+
+    clock.advance(1);
+    await turnsUntil(() => seen.length > 0, 'the poll picks up the new state.json');
+    expect(seen).toEqual([1]);
+    expect(store.health()).toMatchObject({ generation: 1, lastError: undefined });
+
+    stop();
+    expect(clock.pendingTimers()).toBe(0);
+    store.watch(() => undefined);
+    expect(clock.pendingTimers()).toBe(1);
+    await store.close();
+    expect(clock.pendingTimers()).toBe(0);
   });
 });
