@@ -11,7 +11,7 @@ import { checkDstackCompatHost } from '../compat/dstack/index.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
 import { accessLogPath, prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
 import type { GatewayOptions } from '../gateway/options.js';
-import { gatewayRoutes } from '../gateway/routes.js';
+import { gatewayAuth, gatewayRoutes } from '../gateway/routes.js';
 import { ENTRYPOINT_KEY_HEADER, fileFirstSeenStore, observeModels } from '../models/index.js';
 import type { Controller } from '../reconcilers/controller.js';
 import { NGINX_LOOP, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
@@ -51,6 +51,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   const stateDir = resolve(options.stateDir);
   // Both touch nothing until used.
   const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
+  const auth = gatewayAuth(options, logger, deps.clock);
   const stats = createStatsCollector({ accessLogPath: accessLogPath(options), logger: logger.child({ component: 'stats' }) });
   const daemon = await assemble({
     logger,
@@ -78,14 +79,14 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }),
     async loops(d) {
       host = await prepareGatewayHost(options, logger, () => d.controller.notify());
-      loops = gatewayLoops(options, host, () => d.current().generation, deps);
+      loops = gatewayLoops(options, host, () => d.current().generation, deps, auth);
       return [loops.ssh, loops.tls, loops.nginx];
     },
     planNotes: (loop, kinds) => (loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined),
     onGeneration: async (s) => void (await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000))),
     async listeners(d) {
       d.defer(() => stats.stop());
-      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen });
+      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen, auth });
       // The entrypoint sites proxy the model API to this listener: what they bring reaches nothing else.
       const proxied = { header: ENTRYPOINT_KEY_HEADER, prefix: '/api/models/' };
       return [{ host: options.apiHost, port: options.apiPort, app: { ...(apiToken ? { apiToken } : {}), routes, proxied } }];

@@ -5,6 +5,7 @@
 // request (relay-connection.ts) to the replica replicas.ts chooses for each request; with no
 // replica to take a request the client gets the catalog's JSON answer.
 
+import type { HostAuthorize } from './host-check.js';
 import { createHash } from 'node:crypto';
 import { chmod, chown, mkdir, unlink } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
@@ -26,6 +27,8 @@ export interface BalancerOptions {
    * Default false: a socket per service.
    */
   shared?: boolean;
+  /** The token check of the default server's by-host check (hostCheck); without it, an auth route's check answers 503. */
+  hostAuth?: HostAuthorize;
   /** Default 0o660 when socketGid is set, else 0o600. */
   socketMode?: number;
   /** chown the sockets to this user / group (the Nginx worker's). */
@@ -208,6 +211,6 @@ export class Balancer {
     this.#clients.add(client);
     client.once('close', () => this.#clients.delete(client));
     client.on('error', () => client.destroy());
-    new RelayConnection(serviceKey, client, this.#o.replicas, this.stats);
+    new RelayConnection(serviceKey, client, this.#o.replicas, this.stats, this.#o.hostAuth);
   }
 }

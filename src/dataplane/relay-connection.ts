@@ -31,7 +31,8 @@ import { parseRequestHead, type RequestHead } from '../http1/request-head.js';
 import { detailResponse } from './detail.js';
 import { DataPlaneError, statusFor } from './errors.js';
 import type { Replicas } from './replicas.js';
-import { AUTH_STAMP_HEADER, BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
+import { hostCheck, type HostAuthorize } from './host-check.js';
+import { AUTH_STAMP_HEADER, BY_HOST, HOST_CHECK, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
 import { splice } from './splice.js';
 
 /** What a relayed connection reports to its balancer. */
@@ -62,6 +63,8 @@ export class RelayConnection {
   #body: RequestBody | null = null;
   /** No further request is read: the connection is closing, closed, or pinned. */
   #done = false;
+  /** A by-host check waits for the control server's word: later requests wait too. */
+  #checking = false;
   #waitingDrain = false;
   readonly #onData = (chunk: Buffer): void => this.#data(chunk);
   readonly #onEnd = (): void => this.#clientEnded();
@@ -71,7 +74,7 @@ export class RelayConnection {
     this.#req?.exchange?.resume();
   };
   readonly #onNext = (): void => {
-    if (this.#req === null && !this.#done) this.#next();
+    if (this.#req === null && !this.#checking && !this.#done) this.#next();
   };
 
   /**
@@ -83,6 +86,7 @@ export class RelayConnection {
     readonly socket: Socket,
     private readonly replicas: Replicas,
     private readonly stats: RelayStats,
+    private readonly hostAuth?: HostAuthorize,
   ) {
     socket.on('data', this.#onData);
     socket.on('end', this.#onEnd);
@@ -106,7 +110,7 @@ export class RelayConnection {
       chunk = chunk.subarray(used);
     }
     this.#buf = this.#buf.length === 0 ? chunk : Buffer.concat([this.#buf, chunk]);
-    if (this.#req !== null) {
+    if (this.#req !== null || this.#checking) {
       if (this.#buf.length > PENDING_LIMIT) this.socket.pause();
       return;
     }
@@ -134,6 +138,7 @@ export class RelayConnection {
         const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', SERVICE_HEADER_PROBLEM), '');
         return this.#close(detailResponse(a.status, a.detail, false));
       }
+      if (service === HOST_CHECK) return this.#hostCheck(head);
       if (service === BY_HOST) {
         const routed = this.replicas.routeForHost(hostOf(head.rawHeaders));
         // Set by our default server only: whatever a client sent under that name is gone.
@@ -191,6 +196,27 @@ export class RelayConnection {
       { method: head.method, path: head.target, headers: forwardHeaders(head.rawHeaders), body, validated: true },
       req,
     );
+  }
+
+  /**
+   * The default server's check before it relays a host (hostCheck): answered at once for most
+   * hosts; a token check holds the connection until the control server answers.
+   */
+  #hostCheck(head: RequestHead): void {
+    const answer = hostCheck(this.replicas, hostOf(head.rawHeaders), head.rawHeaders, this.hostAuth);
+    if (typeof answer === 'string') return this.#answerHere(head, `${answer}\r\n`, `${answer}Connection: close\r\n\r\n`);
+    // Without a body (the check sends none): anything else closes the connection once answered.
+    const closing = head.transferEncoding || head.contentLength > 0 || head.upgrade || !head.keepAlive;
+    this.#buf = closing || head.size === this.#buf.length ? EMPTY : this.#buf.subarray(head.size);
+    this.#checking = true;
+    void answer.then((a) => {
+      this.#checking = false;
+      if (this.#done) return;
+      if (closing) return this.#close(`${a}Connection: close\r\n\r\n`);
+      this.socket.write(`${a}\r\n`, 'latin1');
+      if (this.socket.isPaused()) this.socket.resume();
+      if (this.#buf.length > 0) process.nextTick(this.#onNext);
+    });
   }
 
   /**
@@ -654,7 +680,7 @@ function takeService(raw: string[]): string | null {
   const value = raw[at + 1]!;
   raw.copyWithin(at, at + 2);
   raw.length -= 2;
-  return value === BY_HOST || SERVICE_KEY.test(value) ? value : null;
+  return value === BY_HOST || value === HOST_CHECK || SERVICE_KEY.test(value) ? value : null;
 }
 
 /** A request head as text again, from its parsed parts (the header list as it is now). */

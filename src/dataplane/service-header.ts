@@ -52,15 +52,11 @@ export const AUTH_STAMP_HEADER = 'X-Dstack-Proxy-Auth';
  */
 export const UNKNOWN_HOST_LOCATION = '@dstack_unknown_host';
 
-/**
- * The by-host auth check our default server asks of the gateway's API (auth_request) before it
- * relays a request by Host: the host's service decides — a token checked for `auth: true`, CORS
- * headers for an OpenAI-format model, nothing for any other host.
- */
-export const HOST_AUTH_PATH = '/api/host-auth';
-/** Request headers of the check: the client's Host (Nginx's $host) and method. */
-export const HOST_AUTH_HOST_HEADER = 'X-Dstack-Proxy-Host';
+/** The client's method, on the default server's by-host check (hostCheck); its Host is the client's. */
 export const HOST_AUTH_METHOD_HEADER = 'X-Dstack-Proxy-Method';
 /** Answer headers of the check: the service whose token check passed (the stamp), a model's CORS origin. */
 export const HOST_AUTH_SERVICE_HEADER = 'X-Dstack-Proxy-Auth-Service';
 export const HOST_AUTH_CORS_HEADER = 'X-Dstack-Proxy-Cors';
+
+/** The SERVICE_HEADER value of the default server's by-host check (hostCheck): never a service key. */
+export const HOST_CHECK = 'host-check';

@@ -2,6 +2,8 @@
 // socket for every service), TLS (certbot) and Nginx (sites pointing at that socket and the
 // certificates).
 
+import { tokenDecision } from '../api/auth-routes.js';
+import { noServerAuth, type AuthProvider } from '../auth/index.js';
 import { resolve } from 'node:path';
 import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type NginxLoopOptions } from '../reconcilers/nginx/loop.js';
 import { parseTrustedProxies } from '../reconcilers/nginx/trusted-proxies.js';
@@ -34,6 +36,7 @@ export function gatewayLoops(
   host: GatewayHost,
   currentGeneration: () => number,
   deps: GatewayLoopDeps,
+  auth: AuthProvider = noServerAuth,
 ): GatewayLoops {
   const { stateDir, workerDirs } = host;
   const view: NginxLoopOptions['view'] = {
@@ -63,8 +66,9 @@ export function gatewayLoops(
     drainMs: options.drainPeriod * 1000,
     // One socket, one upstream and keep-alive pool in Nginx, whatever the number of services.
     sharedSocket: true,
-    // What the default server relays by Host (view.byHostDefault).
+    // What the default server relays by Host (view.byHostDefault), and its token check.
     hostRoutes: true,
+    hostAuth: (project, authorization) => tokenDecision(auth, project, authorization),
     // A removed service's replicas stay until Nginx has stopped routing to it.
     routedBy: NGINX_LOOP,
     ...(deps.ssh ?? {}),

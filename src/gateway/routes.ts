@@ -6,9 +6,8 @@ import { thisHostOnly } from '../api/api-token.js';
 import { authRoutes } from '../api/auth-routes.js';
 import { metricsRoutes } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
-import { createControlServerAuth, noServerAuth } from '../auth/index.js';
+import { createControlServerAuth, noServerAuth, type AuthProvider } from '../auth/index.js';
 import type { RouteModule } from '../api/app.js';
-import { hostAuthRoutes } from './host-auth.js';
 import { byHostEligible } from '../reconcilers/ssh/host-routes.js';
 import type { Clock } from '../clock.js';
 import { dstackCompatRoutes } from '../compat/dstack/index.js';
@@ -20,6 +19,18 @@ import type { GatewayLoops } from './loops.js';
 import { gatewayMetrics } from './metrics-sources.js';
 import type { GatewayHost } from './nginx-host.js';
 import type { GatewayOptions } from './options.js';
+
+/** The token check of every path: the control server's (cached), or none without --server-url. */
+export function gatewayAuth(options: GatewayOptions, logger: Logger, clock: Clock | undefined): AuthProvider {
+  if (!options.serverUrl) return noServerAuth;
+  return createControlServerAuth({
+    serverUrl: options.serverUrl,
+    ttlMs: options.authCacheTtl * 1000,
+    timeoutMs: options.authTimeout * 1000,
+    logger: logger.child({ component: 'auth' }),
+    ...(clock ? { clock } : {}),
+  });
+}
 
 /** What the routes need of the daemon being assembled. */
 export interface RouteContext {
@@ -36,18 +47,15 @@ export interface RouteContext {
 export function gatewayRoutes(
   d: RouteContext,
   options: GatewayOptions,
-  { host, loops, stats, firstSeen }: { host: GatewayHost; loops: GatewayLoops; stats: StatsCollector; firstSeen: FirstSeenStore },
+  {
+    host,
+    loops,
+    stats,
+    firstSeen,
+    auth,
+  }: { host: GatewayHost; loops: GatewayLoops; stats: StatsCollector; firstSeen: FirstSeenStore; auth: AuthProvider },
 ): RouteModule[] {
   const clock = d.clock ? { clock: d.clock } : {};
-  const auth = options.serverUrl
-    ? createControlServerAuth({
-        serverUrl: options.serverUrl,
-        ttlMs: options.authCacheTtl * 1000,
-        timeoutMs: options.authTimeout * 1000,
-        logger: d.logger.child({ component: 'auth' }),
-        ...clock,
-      })
-    : noServerAuth;
   d.defer(() => auth.close());
   // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
   // per client and counted like any other request, on the internal listener (no auth_request
@@ -63,8 +71,6 @@ export function gatewayRoutes(
       a.register(async (scope) => {
         scope.addHook('onRequest', thisHostOnly);
         await scope.register(authRoutes, { auth });
-        // The default server's check before it relays a host without a site (by-host).
-        await scope.register(hostAuthRoutes, { auth, getState: () => d.current().state });
       }),
     // Stats and metrics list every project, service, replica and domain: management data. dstack's
     // server polls the stats without a token; with its routes on, the API is loopback-only.

@@ -25,8 +25,8 @@ import {
   AUTH_STAMP_HEADER,
   BY_HOST,
   HOST_AUTH_CORS_HEADER,
-  HOST_AUTH_HOST_HEADER,
   HOST_AUTH_METHOD_HEADER,
+  HOST_CHECK,
   HOST_AUTH_SERVICE_HEADER,
   SERVICE_HEADER,
   UNKNOWN_HOST_LOCATION,
@@ -49,8 +49,8 @@ export const REPLICA_LOCATION = '@dstack_replica';
 /** Where Nginx's own 504 (the replica silent past proxy_read_timeout) is answered in JSON. */
 const TIMEOUT_LOCATION = '@dstack_timeout';
 export const AUTH_LOCATION = '/_dstack_auth';
-/** The default server's by-host auth check (HOST_AUTH_PATH). */
-const HOST_AUTH_LOCATION = '/_dstack_host_auth';
+/** The default server's by-host check (the data plane's hostCheck). */
+const HOST_AUTH_LOCATION = '/_dstack_host_check';
 export const ACME_PREFIX = '/.well-known/acme-challenge/';
 /**
  * The access log's format (src/stats/parse.ts reads its lines). Not `dstack_stat`: a host that
@@ -161,10 +161,14 @@ function byHostLocations(b: NonNullable<GlobalView['byHost']>, upstream: string)
     ]),
     ...block(`location = ${HOST_AUTH_LOCATION}`, [
       'internal;',
-      `proxy_pass ${b.authUrl};`,
+      // Answered by the data plane from its by-host routes, on its kept-alive socket.
+      `proxy_pass http://${upstream};`,
+      'proxy_http_version 1.1;',
+      'proxy_set_header Connection "";',
       'proxy_pass_request_body off;',
       'proxy_set_header Content-Length "";',
-      `proxy_set_header ${HOST_AUTH_HOST_HEADER} $host;`,
+      'proxy_set_header Host $host;',
+      `proxy_set_header ${SERVICE_HEADER} ${HOST_CHECK};`,
       `proxy_set_header ${HOST_AUTH_METHOD_HEADER} $request_method;`,
       'proxy_set_header Authorization $http_authorization;',
     ]),

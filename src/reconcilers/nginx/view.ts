@@ -2,7 +2,6 @@
 // text). buildViews is pure: everything it needs from the world (certificates, upstream
 // addresses) comes in through options.
 
-import { HOST_AUTH_PATH } from '../../dataplane/service-header.js';
 import { ProxyError } from '../../errors.js';
 import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
 import { DEFAULT_CLIENT_MAX_BODY_SIZE, ROUTER_ALLOWED_PATHS, serviceKey } from '../../spec/types.js';
@@ -170,8 +169,6 @@ export interface GlobalView {
     clientMaxBodySize: number;
     proxyReadTimeoutSec: number;
     behindProxies: boolean;
-    /** The by-host auth check (HOST_AUTH_PATH on the API): a service's token and CORS, by Host. */
-    authUrl: string;
   } | null;
 }
 
@@ -299,7 +296,6 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
               clientMaxBodySize: DEFAULT_CLIENT_MAX_BODY_SIZE,
               proxyReadTimeoutSec: opts.proxyReadTimeoutSec ?? DEFAULT_PROXY_READ_TIMEOUT_SEC,
               behindProxies,
-              authUrl: `${apiUrl}${HOST_AUTH_PATH}`,
             }
           : null,
     },

@@ -17,6 +17,7 @@
 // retired it: its host's new service, or an unknown host's 404 (Replicas.setLeft), so a removal
 // is served without waiting for the reload that drops its site.
 
+import type { HostAuthorize } from '../../dataplane/host-check.js';
 import { join } from 'node:path';
 import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
@@ -75,6 +76,8 @@ export interface SshLoopOptions {
    * byHostEligible). Default false.
    */
   hostRoutes?: boolean;
+  /** The token check of the default server's by-host check (see Balancer). */
+  hostAuth?: HostAuthorize;
   /** SSH keepalive: a ping every keepaliveIntervalMs, dead after keepaliveCountMax misses. Default 15_000 and 3. */
   keepaliveIntervalMs?: number;
   keepaliveCountMax?: number;
@@ -151,6 +154,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     replicas,
     ...(o.sharedSocket ? { shared: true } : {}),
     ...(o.socketMode !== undefined ? { socketMode: o.socketMode } : {}),
+    ...(o.hostAuth ? { hostAuth: o.hostAuth } : {}),
     ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
     ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),
   });
