@@ -29,6 +29,8 @@ export interface Gateway {
   /** http://host:port of the API. */
   apiUrl: string;
   nginxStats: NginxLoopStats;
+  /** Reload without waiting out the interval until the document at `generation` is served (see the Nginx loop's hurry). */
+  hurryReload(generation: number): void;
   /** Tunnels and the per-service balancer (connect(serviceKey) for in-process proxies). */
   ssh: SshLoop;
   /** The private Nginx, when it runs one. */
@@ -109,6 +111,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     store: daemon.store,
     apiUrl: daemon.urls[0]!,
     nginxStats: loops.nginx.stats,
+    hurryReload: (generation) => loops.nginx.hurry(generation),
     ssh: loops.ssh,
     nginx: host.nginx,
     paths: { stateDir: host.stateDir, confDir: host.confDir, accessLog: host.accessLog, acmeWebroot: host.workerDirs.acmeWebroot },

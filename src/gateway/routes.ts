@@ -100,8 +100,11 @@ export function gatewayRoutes(
             tls: options.dstackCompatTls,
             certbotTimeoutS: options.certbotTimeout,
             ...clock,
-            // What our default server relays by Host is reachable once the data plane has it.
-            byHost: (s) => options.defaultServer === 'true' && byHostEligible(s),
+            sites: {
+              // What our default server relays by Host is reachable once the data plane has it.
+              byHost: (s) => options.defaultServer === 'true' && byHostEligible(s),
+              hurry: (generation) => loops.nginx.hurry(generation),
+            },
           }),
         ]
       : []),

@@ -191,6 +191,7 @@ describe('GET /metrics', () => {
       ['dstack_proxy_nginx_last_reload_success_timestamp_seconds', 'gauge'],
       ['dstack_proxy_nginx_files_written_total', 'counter'],
       ['dstack_proxy_nginx_reloads_deferred_total', 'counter'],
+      ['dstack_proxy_nginx_reloads_hurried_total', 'counter'],
       ['dstack_proxy_nginx_restarts_total', 'counter'],
       ['dstack_proxy_nginx_stale_processes_stopped_total', 'counter'],
       ['dstack_proxy_nginx_config_info', 'gauge'],

@@ -132,6 +132,23 @@ describe('reloads under a stream of changes', () => {
         expect((await request({ port: t.httpPort, host: `burst${i}.gw.test`, localAddress: '127.0.0.2' })).status).toBe(200);
       }
       expect((await api(t, { path: '/metrics' })).body).toMatch(/^dstack_proxy_nginx_reloads_deferred_total [1-9]\d*$/m);
+
+      // A batch waiting out the second goes at once when a caller waits for it (hurry), the
+      // clock still standing inside that second.
+      services.push({ run: 'waited', ports: [echoPort] });
+      const r = await api(t, { method: 'PUT', path: '/api/v1/state', body: gatewayDoc(services) });
+      generation = (r.json as { generation: number }).generation;
+      await eventually(() => (t.gw.controller.statuses().generation === generation && t.gw.nginxStats.waitingForReload ? true : undefined));
+      t.gw.hurryReload(generation);
+      await eventually(async () => ((await reloads()) === atStart + 3 ? true : undefined));
+      expect(t.gw.nginxStats.reloadsHurried).toBe(0); // it was waiting: woken, not skipped
+      // Until a reload at that generation, no batch waits; after it, they wait again.
+      t.gw.hurryReload(generation + 1);
+      services.push({ run: 'hurried', ports: [echoPort] });
+      await putState(t, gatewayDoc(services));
+      expect(await reloads()).toBe(atStart + 4);
+      expect(t.gw.nginxStats.reloadsHurried).toBe(1);
+      expect((await request({ port: t.httpPort, host: 'hurried.gw.test', localAddress: '127.0.0.2' })).status).toBe(200);
     } finally {
       clock.advance(60_000);
       await t.cleanup();

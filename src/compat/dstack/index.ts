@@ -26,8 +26,8 @@ export interface DstackCompatOptions {
   certbotTimeoutS: number;
   /** The waits' bounds run on it. Default the system clock. */
   clock?: Clock;
-  /** Whether our default server serves a service by Host until its own site is (see DstackRoutesOptions.byHost). */
-  byHost?: DstackRoutesOptions['byHost'];
+  /** How a new domain becomes reachable (see DstackRoutesOptions.sites); absent, nothing waits for one. */
+  sites?: DstackRoutesOptions['sites'];
 }
 
 /** The routes as one route module; their waits end when the app closes. */
@@ -52,7 +52,7 @@ export function dstackCompatRoutes(o: DstackCompatOptions): RouteModule {
       certbotTimeoutS: o.certbotTimeoutS,
       signal: closing.signal,
       clock: o.clock ?? systemClock,
-      ...(o.byHost ? { byHost: o.byHost } : {}),
+      ...(o.sites ? { sites: o.sites } : {}),
       version: packageVersion(),
       logger,
     });

@@ -23,6 +23,7 @@ import {
   replicaCheck,
   passCheck,
   replicaTimeout,
+  siteCheck,
   waitForCertificate,
   waitForStatus,
   type CertFailure,
@@ -45,12 +46,14 @@ export interface DstackRoutesOptions {
   /** The waits' bounds run on it. */
   clock: Clock;
   /**
-   * Whether our default server serves this service by Host until its own site is served. Such a
-   * registration that brings a new domain in answers once the data plane routes it (the SSH
-   * loop's pass at the generation written): reachable when the call answers, no reload waited
-   * for. Any other new domain is served after the next (paced) reload, as are PUTs.
+   * How a new domain becomes reachable. Absent: nothing waits for it. Present: a registration
+   * that brings a new domain in answers once it is reachable — for a service our default server
+   * serves by Host until its own site is (`byHost`), once the data plane routes it (the SSH
+   * loop's pass at the generation written), no reload waited for; for any other, once Nginx
+   * serves its new site: the wait asks the Nginx loop to reload without waiting out its interval
+   * (`hurry`), and registrations that arrive together share that reload.
    */
-  byHost?: (service: Service) => boolean;
+  sites?: { byHost(service: Service): boolean; hurry(generation: number): void };
   version: string;
   logger: Logger;
 }
@@ -58,8 +61,20 @@ export interface DstackRoutesOptions {
 /** The margin on top of a certbot run before a certificate wait gives up: the pass that starts it, the DNS check. */
 const CERT_WAIT_MARGIN_S = 20;
 
-/** How long a registration waits for the data plane to route its new domain (a pass takes milliseconds). */
-const ROUTE_WAIT_MS = 10_000;
+/**
+ * How long a registration waits for its new domain to be reachable: a pass that routes it, or a
+ * reload and its confirmation that no worker of the configuration before still accepts (Nginx's
+ * own wait for that is 15 s).
+ */
+const SITE_WAIT_MS = 30_000;
+
+/** Every domain a document has a site for. */
+function siteDomains(state: ProxyState): Set<string> {
+  const out = new Set<string>();
+  for (const s of state.spec.services) if (s.domain !== undefined) out.add(s.domain);
+  for (const e of state.spec.entrypoints) out.add(e.domain);
+  return out;
+}
 
 type RouteKind = Call['kind'];
 
@@ -155,23 +170,28 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
   };
 
   /**
-   * A registration of a service served by Host (byHost) that changed the document: answered once
-   * the data plane routes it, or a bounded wait later (then it is routed at the SSH loop's next
-   * pass; nothing to undo).
+   * A registration that brought `domain` into the document (it had no site before): answered
+   * once the domain is reachable (see DstackRoutesOptions.sites), or a bounded wait later. Not a
+   * failure when that is late or Nginx refused the site: what was registered stays, and the
+   * site's status says why it is not served.
    */
-  const routedByHost = async (
+  const newDomain = async (
     answer: Extract<WriteAnswer, { kind: 'written' }>,
+    domain: string,
+    byHost: boolean,
     what: Record<string, string>,
   ): Promise<'closed' | undefined> => {
-    if (!answer.changed) return undefined;
-    const r = await waitForStatus(o.status, passCheck(SSH_LOOP, answer.generation), {
-      timeoutMs: ROUTE_WAIT_MS,
-      onTimeout: () => ({ kind: 'failed', reason: `not routed within ${ROUTE_WAIT_MS / 1000} s` }),
+    if (o.sites === undefined || !answer.changed || siteDomains(answer.previous).has(domain)) return undefined;
+    if (!byHost) o.sites.hurry(answer.generation);
+    const check = byHost ? passCheck(SSH_LOOP, answer.generation) : siteCheck(domain, answer.generation);
+    const r = await waitForStatus(o.status, check, {
+      timeoutMs: SITE_WAIT_MS,
+      onTimeout: () => ({ kind: 'failed', reason: `not reachable within ${SITE_WAIT_MS / 1000} s` }),
       signal: o.signal,
       clock: o.clock,
     });
     if (r.kind === 'closed') return 'closed';
-    if (r.kind === 'failed') logger.warn({ ...what, reason: r.reason }, 'registered, but the data plane does not route it yet');
+    if (r.kind === 'failed') logger.warn({ ...what, domain, reason: r.reason }, 'registered, but its domain is not served yet');
     return undefined;
   };
 
@@ -221,7 +241,9 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
       const { project } = call;
       const run = call.body.run_name.toLowerCase();
       const written = findService(answer.state, project, run);
-      if (written?.domain && o.byHost?.(written) && (await routedByHost(answer, what)) === 'closed') return closed(reply);
+      if (written?.domain && (await newDomain(answer, written.domain, o.sites?.byHost(written) ?? false, what)) === 'closed') {
+        return closed(reply);
+      }
       if (o.tls === 'wait' && written?.https && written.domain) {
         const r = await certificate(written.domain, answer.generation);
         if (r === 'closed') return closed(reply);
@@ -242,6 +264,7 @@ export async function dstackRoutes(app: FastifyInstance, o: DstackRoutesOptions)
     if (call.kind === 'registerEntrypoint') {
       const { project } = call;
       const written = findEntrypoint(answer.state, project);
+      if (written && (await newDomain(answer, written.domain, false, what)) === 'closed') return closed(reply);
       if (o.tls === 'wait' && written?.https) {
         const r = await certificate(written.domain, answer.generation);
         if (r === 'closed') return closed(reply);

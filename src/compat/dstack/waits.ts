@@ -9,7 +9,7 @@ import type { Clock } from '../../clock.js';
 import type { Condition } from '../../reconcilers/conditions.js';
 import { findCondition } from '../../reconcilers/conditions.js';
 import type { StatusListener } from '../../reconcilers/controller.js';
-import { certificateOutputs, replicaObjectKey, SSH_LOOP, TLS_LOOP } from '../../reconcilers/outputs.js';
+import { certificateOutputs, NGINX_LOOP, replicaObjectKey, SSH_LOOP, TLS_LOOP } from '../../reconcilers/outputs.js';
 import type { LoopStatus, StatusSnapshot } from '../../reconcilers/types.js';
 
 /** What the waits read: the controller's status and its change feed. */
@@ -107,6 +107,21 @@ export function replicaTimeout(serviceKey: string, id: string, waitedS: number):
     const ready = readyOf(s, SSH_LOOP, key);
     const last = ready && ready.status !== 'True' ? `${ready.reason}: ${tunnelMessage(ready)}; ` : '';
     return { kind: 'failed', reason: `${last}not ready within ${waitedS} s` };
+  };
+}
+
+/**
+ * A new site written at `generation`: Nginx serves it (the Nginx loop applied it at that
+ * generation or later, and no worker of the configuration before still accepts), or Nginx
+ * refused it (no wait will change that; the site's own status says why).
+ */
+export function siteCheck(domain: string, generation: number): (s: LoopsView) => Verdict | undefined {
+  return (s) => {
+    const ready = readyOf(s, NGINX_LOOP, domain);
+    if (ready === undefined || !currentAt(s, NGINX_LOOP, ready, generation)) return undefined;
+    if (ready.status === 'True' && ready.reason === 'Applied') return { kind: 'ready' };
+    if (ready.status === 'False') return { kind: 'failed', reason: `${ready.reason}: ${ready.message ?? ''}` };
+    return undefined;
   };
 }
 

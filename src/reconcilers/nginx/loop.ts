@@ -86,6 +86,8 @@ export interface NginxLoopStats {
   waitingForReload: boolean;
   /** Batches that waited for it. */
   reloadsDeferred: number;
+  /** Batches that reloaded inside the interval because a caller was waiting for them (hurry). */
+  reloadsHurried: number;
 }
 
 /**
@@ -99,9 +101,16 @@ export function certFromTlsOutputs(domain: string, statuses: StatusSnapshot): Ce
   return ready?.status === 'True' ? { certPath: out.certPath, keyPath: out.keyPath } : null;
 }
 
-export function createNginxLoop(
-  o: NginxLoopOptions,
-): Loop<Map<string, string>, OwnedFiles, FilePayload> & { stats: NginxLoopStats; metrics(): MetricFamily[] } {
+export function createNginxLoop(o: NginxLoopOptions): Loop<Map<string, string>, OwnedFiles, FilePayload> & {
+  stats: NginxLoopStats;
+  metrics(): MetricFamily[];
+  /**
+   * Somebody waits for the document at `generation` to be served (a registration that answers
+   * once its new site is): until a reload at that generation or later, no batch waits out the
+   * interval, and the one waiting now goes at once.
+   */
+  hurry(generation: number): void;
+} {
   const stats: NginxLoopStats = {
     configHash: null,
     reloads: 0,
@@ -110,7 +119,12 @@ export function createNginxLoop(
     filesWritten: 0,
     waitingForReload: false,
     reloadsDeferred: 0,
+    reloadsHurried: 0,
   };
+  /** The generation a caller waits to see reloaded (hurry); 0: nobody waits. */
+  let hurriedFor = 0;
+  /** Ends the current wait for the interval early, while a batch waits. */
+  let wake: (() => void) | null = null;
   const minReloadIntervalMs = o.minReloadIntervalMs ?? 0;
   if (!(minReloadIntervalMs >= 0)) throw new TypeError('minReloadIntervalMs must be >= 0');
   /** The owned files as last read, checked against the disk once per verifyEveryMs. */
@@ -140,6 +154,10 @@ export function createNginxLoop(
     name: NGINX_LOOP,
     stats,
     metrics: () => nginxMetricFamilies(() => stats, supervisor),
+    hurry(generation: number) {
+      hurriedFor = Math.max(hurriedFor, generation);
+      wake?.();
+    },
     ...(master ? { start: () => master.start(), close: () => master.stop() } : {}),
     ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
     ...(o.triggeredBy ? { triggeredBy: o.triggeredBy } : {}),
@@ -211,13 +229,23 @@ export function createNginxLoop(
       //    after a reload waits for the end of the interval. A newer document stored while it
       //    waited makes this batch stale: the pass that follows (already triggered) plans
       //    everything from that document, and reloads at once.
+      //    A caller waiting for this reload (hurry) is worth more than the pacing: concurrent
+      //    callers still share one reload, a caller alone costs one.
       const wait = stats.lastReloadAt === null ? 0 : stats.lastReloadAt + minReloadIntervalMs - ctx.clock.now();
-      if (wait > 0 && actions.some((a) => a.kind !== 'conflict')) {
+      const reloading = actions.some((a) => a.kind !== 'conflict');
+      if (wait > 0 && reloading && hurriedFor > 0) stats.reloadsHurried++;
+      else if (wait > 0 && reloading) {
         stats.reloadsDeferred++;
         stats.waitingForReload = true;
+        let timer: unknown;
         try {
-          await new Promise<void>((r) => ctx.clock.setTimeout(r, wait));
+          await new Promise<void>((r) => {
+            wake = r;
+            timer = ctx.clock.setTimeout(r, wait);
+          });
         } finally {
+          ctx.clock.clearTimeout(timer);
+          wake = null;
           stats.waitingForReload = false;
         }
         if (o.currentGeneration && o.currentGeneration() !== ctx.generation) {
@@ -242,6 +270,7 @@ export function createNginxLoop(
             const outcome = await o.reload(hint);
             stats.reloads++;
             stats.lastReloadAt = ctx.clock.now();
+            if (ctx.generation >= hurriedFor) hurriedFor = 0;
             return outcome;
           } catch (err) {
             stats.reloadFailures++;

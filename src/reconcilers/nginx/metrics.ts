@@ -42,6 +42,13 @@ export function nginxMetricFamilies(stats: () => NginxLoopStats, supervisor?: ()
       read: () => one(stats().reloadsDeferred),
     },
     {
+      name: 'nginx_reloads_hurried_total',
+      help: 'Change batches reloaded inside the minimum interval because a registration was waiting for its new site.',
+      type: 'counter',
+      labelNames: [],
+      read: () => one(stats().reloadsHurried),
+    },
+    {
       name: 'nginx_restarts_total',
       help: 'Restarts of the private Nginx master after it exited unexpectedly.',
       type: 'counter',

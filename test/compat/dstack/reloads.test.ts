@@ -12,7 +12,15 @@ import { freePort } from '../../helpers/ports.js';
 import { startSshd, type TestSshd } from '../../helpers/sshd.js';
 import { tmpDir } from '../../helpers/tmp.js';
 import { dstack, listed, startCompatGateway } from './harness.js';
-import { dstackId, dstackPaths, dstackProjectKey, registerServicePayload, vmReplicaPayload, type DstackKey } from './fixtures.js';
+import {
+  dstackId,
+  dstackPaths,
+  dstackProjectKey,
+  ipRateLimit,
+  registerServicePayload,
+  vmReplicaPayload,
+  type DstackKey,
+} from './fixtures.js';
 
 const SERVICES = 30;
 
@@ -99,6 +107,36 @@ describe('reloads under a stream of compat calls', () => {
     expect(r.status).toBe(200);
     expect((await send({ port: t.httpPort, host: p.domain, path: '/' })).status).toBe(200);
   }, 60_000);
+
+  it('a service that needs its own site (rate limits) is served when its call answers; calls at once share reloads', async () => {
+    await nginxSettled();
+    const served = async (domain: string): Promise<number> => {
+      // Applied: no worker of the config before it still accepts; then it answers as its site.
+      const ready = t.gw.controller.statuses().loops.nginx?.objects[domain]?.conditions.find((c) => c.type === 'Ready');
+      expect(ready).toMatchObject({ status: 'True', reason: 'Applied' });
+      return (await send({ port: t.httpPort, host: domain, path: '/' })).status;
+    };
+    const limited = (run: string) =>
+      registerServicePayload({ runName: run, auth: false, model: null, rateLimits: [ipRateLimit()], sshPrivateKey: key.privateKey });
+    // One at a time, each right after a reload: without the wait every one of these is deferred.
+    const before = { ...t.gw.nginxStats };
+    for (let i = 0; i < 3; i++) {
+      const p = limited(`limited-${i}`);
+      expect((await dstack(t, dstackPaths.registerService('main'), p)).status).toBe(200);
+      expect(await served(p.domain)).toBe(503); // its site, without a replica yet: not the unknown host's 404
+    }
+    expect(t.gw.nginxStats.reloads - before.reloads).toBe(3);
+    // Several at once: each answers once its site is served.
+    const many = Array.from({ length: 6 }, (_, i) => limited(`limited-many-${i}`));
+    const mid = t.gw.nginxStats.reloads;
+    const answers = await Promise.all(many.map((p) => dstack(t, dstackPaths.registerService('main'), p)));
+    for (const r of answers) expect(r.status).toBe(200);
+    for (const p of many) expect(await served(p.domain)).toBe(503);
+    console.log(`6 concurrent registrations of services with their own site: ${t.gw.nginxStats.reloads - mid} reload(s)`);
+    // A re-send changes nothing and waits for nothing.
+    const again = await dstack(t, dstackPaths.registerService('main'), many[0]);
+    expect(again.status).toBe(200);
+  }, 120_000);
 
   it('replica registrations and unregistrations: no reload', async () => {
     await nginxSettled();
