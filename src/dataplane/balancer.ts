@@ -5,7 +5,7 @@
 // request (relay-connection.ts) to the replica replicas.ts chooses for each request; with no
 // replica to take a request the client gets the catalog's JSON answer.
 
-import type { HostAuthorize } from './host-check.js';
+import type { HostAuthorize } from './host-auth.js';
 import { createHash } from 'node:crypto';
 import { chmod, chown, mkdir, unlink } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
@@ -27,7 +27,7 @@ export interface BalancerOptions {
    * Default false: a socket per service.
    */
   shared?: boolean;
-  /** The token check of the default server's by-host check (hostCheck); without it, an auth route's check answers 503. */
+  /** The control-server token check of by-host requests for `auth: true` services; without it they answer 503. */
   hostAuth?: HostAuthorize;
   /** Default 0o660 when socketGid is set, else 0o600. */
   socketMode?: number;

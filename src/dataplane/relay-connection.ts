@@ -21,6 +21,9 @@
 //   by-host route, and a host without one is sent back to Nginx's 404 (X-Accel-Redirect). So
 //   is a request of a site Nginx still has for a service that has left the document (its host
 //   now unknown): a removal takes effect at once, not at the reload that drops the site.
+//   What the host's site would do beyond the relay is done here (host-auth.ts): an `auth: true`
+//   service's token is checked with the control server while the connection waits (its later
+//   requests and any body stay buffered), a model's preflight is answered and its CORS added.
 
 import type { Socket } from 'node:net';
 import { Readable } from 'node:stream';
@@ -31,8 +34,8 @@ import { parseRequestHead, type RequestHead } from '../http1/request-head.js';
 import { detailResponse } from './detail.js';
 import { DataPlaneError, statusFor } from './errors.js';
 import type { Replicas } from './replicas.js';
-import { hostCheck, type HostAuthorize } from './host-check.js';
-import { AUTH_STAMP_HEADER, BY_HOST, HOST_CHECK, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
+import { CORS_LINES, preflightAnswer, refusalAnswer, type HostAuthorize, type HostDecision } from './host-auth.js';
+import { BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
 import { splice } from './splice.js';
 
 /** What a relayed connection reports to its balancer. */
@@ -63,8 +66,10 @@ export class RelayConnection {
   #body: RequestBody | null = null;
   /** No further request is read: the connection is closing, closed, or pinned. */
   #done = false;
-  /** A by-host check waits for the control server's word: later requests wait too. */
+  /** A by-host token check waits for the control server's word: the request and later ones wait. */
   #checking = false;
+  /** The service whose token check the request at the head of the buffer has passed. */
+  #passed: string | null = null;
   #waitingDrain = false;
   readonly #onData = (chunk: Buffer): void => this.#data(chunk);
   readonly #onEnd = (): void => this.#clientEnded();
@@ -128,8 +133,8 @@ export class RelayConnection {
     }
     const head = r.head;
     let service = this.serviceKey;
-    /** A by-host request for a service whose site adds CORS: the replica's own CORS headers go. */
-    let hideCors = false;
+    /** A by-host request for a service whose site adds CORS: ours replace the replica's. */
+    let cors = false;
     if (service === null) {
       service = takeService(head.rawHeaders);
       if (service === null) {
@@ -138,21 +143,19 @@ export class RelayConnection {
         const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', SERVICE_HEADER_PROBLEM), '');
         return this.#close(detailResponse(a.status, a.detail, false));
       }
-      if (service === HOST_CHECK) return this.#hostCheck(head);
       if (service === BY_HOST) {
         const routed = this.replicas.routeForHost(hostOf(head.rawHeaders));
-        // Set by our default server only: whatever a client sent under that name is gone.
-        const stamp = takeHeader(head.rawHeaders, AUTH_STAMP_LOWER);
         if (routed === undefined) return this.#unknownHost(head);
         service = routed.serviceKey;
         const { route } = routed;
-        if (route.cors && head.method === 'OPTIONS') return this.#answerHere(head, PREFLIGHT, PREFLIGHT_CLOSE);
+        if (route.cors && head.method === 'OPTIONS') return this.#answerHere(head, preflightAnswer(true), preflightAnswer(false));
         if (route.auth) {
-          // The check was for another service (the document changed meanwhile), or none ran.
-          if (stamp !== service) return this.#answerHere(head, NOT_CHECKED, NOT_CHECKED);
+          // Checked for this service, or checked now (the route may have changed meanwhile).
+          if (this.#passed !== service) return this.#checkToken(head, service, route.cors);
+          this.#passed = null;
           takeHeader(head.rawHeaders, 'authorization');
         }
-        hideCors = route.cors;
+        cors = route.cors;
       }
     }
     if (this.replicas.hasLeft(service)) {
@@ -189,7 +192,7 @@ export class RelayConnection {
       }
     }
     this.#buf = end === buf.length ? EMPTY : buf.subarray(end);
-    const req = new RelayRequest(this, head, service, hideCors);
+    const req = new RelayRequest(this, head, service, cors);
     this.#req = req;
     req.exchange = this.replicas.dispatch(
       service,
@@ -199,24 +202,34 @@ export class RelayConnection {
   }
 
   /**
-   * The default server's check before it relays a host (hostCheck): answered at once for most
-   * hosts; a token check holds the connection until the control server answers.
+   * The token check of a by-host request for an `auth: true` service. The request stays in the
+   * buffer, and the connection reads nothing more, until the control server answers: a pass
+   * takes the request again from its head, a refusal answers it as the site would.
    */
-  #hostCheck(head: RequestHead): void {
-    const answer = hostCheck(this.replicas, hostOf(head.rawHeaders), head.rawHeaders, this.hostAuth);
-    if (typeof answer === 'string') return this.#answerHere(head, `${answer}\r\n`, `${answer}Connection: close\r\n\r\n`);
-    // Without a body (the check sends none): anything else closes the connection once answered.
-    const closing = head.transferEncoding || head.contentLength > 0 || head.upgrade || !head.keepAlive;
-    this.#buf = closing || head.size === this.#buf.length ? EMPTY : this.#buf.subarray(head.size);
+  #checkToken(head: RequestHead, service: string, cors: boolean): void {
+    const project = service.slice(0, service.indexOf('/'));
+    const authorize = this.hostAuth;
+    if (authorize === undefined) return this.#refuse(head, 'unavailable', project, cors);
     this.#checking = true;
-    void answer.then((a) => {
-      this.#checking = false;
-      if (this.#done) return;
-      if (closing) return this.#close(`${a}Connection: close\r\n\r\n`);
-      this.socket.write(`${a}\r\n`, 'latin1');
-      if (this.socket.isPaused()) this.socket.resume();
-      if (this.#buf.length > 0) process.nextTick(this.#onNext);
-    });
+    void authorize(project, headerValue(head.rawHeaders, 'authorization')).then(
+      (decision) => this.#checked(head, decision, service, project, cors),
+      () => this.#checked(head, 'unavailable', service, project, cors),
+    );
+  }
+
+  #checked(head: RequestHead, decision: HostDecision, service: string, project: string, cors: boolean): void {
+    this.#checking = false;
+    if (this.#done) return;
+    if (decision === 'allow') {
+      this.#passed = service;
+      this.#next();
+    } else this.#refuse(head, decision, project, cors);
+    // Paused while the check held more than a request's worth: read on, into the body if one streams.
+    if (this.socket.isPaused() && !this.#done && (this.#req === null || this.#body !== null)) this.socket.resume();
+  }
+
+  #refuse(head: RequestHead, decision: Exclude<HostDecision, 'allow'>, project: string, cors: boolean): void {
+    this.#answerHere(head, refusalAnswer(decision, project, cors, true), refusalAnswer(decision, project, cors, false));
   }
 
   /**
@@ -380,7 +393,8 @@ class RelayRequest implements Http1Handler {
     private readonly conn: RelayConnection,
     head: RequestHead,
     readonly serviceKey: string,
-    private readonly hideCors: boolean,
+    /** A model's by-host request: the site's CORS headers replace the replica's. */
+    private readonly cors: boolean,
   ) {
     this.keepAlive = head.keepAlive;
     this.#isHead = head.method === 'HEAD';
@@ -400,9 +414,10 @@ class RelayRequest implements Http1Handler {
       if (n === 14 && sameLower(name, 0, 'content-length')) continue;
       if (n === 17 && sameLower(name, 0, 'transfer-encoding')) continue;
       if (n === 10 && (sameLower(name, 0, 'connection') || sameLower(name, 0, 'keep-alive'))) continue;
-      if (this.hideCors && isCorsHeader(name)) continue;
+      if (this.cors && isCorsHeader(name)) continue;
       h += `${name}: ${headers[i + 1]!}\r\n`;
     }
+    if (this.cors) h += CORS_LINES;
     if (this.#isHead || status === 204 || status === 304) {
       if (this.#isHead && contentLength >= 0) h += `Content-Length: ${contentLength}\r\n`;
     } else if (contentLength >= 0) h += `Content-Length: ${contentLength}\r\n`;
@@ -611,12 +626,6 @@ function connectionNames(value: string, names: readonly string[]): readonly stri
 
 const UNKNOWN_HOST = `HTTP/1.1 404 Not Found\r\nX-Accel-Redirect: ${UNKNOWN_HOST_LOCATION}\r\nContent-Length: 0\r\n\r\n`;
 const UNKNOWN_HOST_CLOSE = `HTTP/1.1 404 Not Found\r\nX-Accel-Redirect: ${UNKNOWN_HOST_LOCATION}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`;
-/** A CORS preflight, as a model's site answers it (the default server adds the CORS headers). */
-const PREFLIGHT = 'HTTP/1.1 204 No Content\r\n\r\n';
-const PREFLIGHT_CLOSE = 'HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n';
-/** A by-host request for an `auth: true` service that Nginx's token check did not pass for it. */
-const NOT_CHECKED = detailResponse(401, 'Not authenticated', false);
-const AUTH_STAMP_LOWER = AUTH_STAMP_HEADER.toLowerCase();
 
 /** The CORS headers a model's site sets itself (the replica's are hidden there). */
 function isCorsHeader(name: string): boolean {
@@ -645,6 +654,15 @@ function takeHeader(raw: string[], lower: string): string | null {
 }
 
 /** The request's Host without a port, as Nginx's $host has it (lower case); '' without one. */
+/** The first value of header `lower` (a lower-case name) in `raw`. */
+function headerValue(raw: readonly string[], lower: string): string | undefined {
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === lower.length && sameLower(name, 0, lower)) return raw[i + 1];
+  }
+  return undefined;
+}
+
 function hostOf(raw: readonly string[]): string {
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
@@ -680,7 +698,7 @@ function takeService(raw: string[]): string | null {
   const value = raw[at + 1]!;
   raw.copyWithin(at, at + 2);
   raw.length -= 2;
-  return value === BY_HOST || value === HOST_CHECK || SERVICE_KEY.test(value) ? value : null;
+  return value === BY_HOST || SERVICE_KEY.test(value) ? value : null;
 }
 
 /** A request head as text again, from its parsed parts (the header list as it is now). */

@@ -24,12 +24,12 @@ export interface HostRoute {
   readonly host: string;
   /**
    * An OpenAI-format model's CORS: a preflight (OPTIONS) is answered here, never by a replica,
-   * and the replica's own CORS headers are dropped (the default server adds the site's).
+   * and every answer carries the site's CORS headers in place of the replica's.
    */
   readonly cors: boolean;
   /**
-   * `auth: true`: only a request Nginx's by-host auth check passed for this very service (its
-   * AUTH_STAMP_HEADER names it) goes on, without the client's Authorization.
+   * `auth: true`: a request goes on only once the control server has passed its token for the
+   * service's project, and without its Authorization, as the site's auth_request would do.
    */
   readonly auth: boolean;
 }
@@ -40,23 +40,13 @@ export function sameRoute(a: HostRoute | undefined, b: HostRoute | undefined): b
 }
 
 /**
- * Set by our default server from its by-host auth check: the service key whose token check the
- * request passed (a client's own header of this name is replaced, or removed when the check
- * named none). Never reaches a replica.
- */
-export const AUTH_STAMP_HEADER = 'X-Dstack-Proxy-Auth';
-
-/**
  * What the data plane answers a by-host request for a host it has no route for: Nginx's own
  * default-server 404, through this named location (X-Accel-Redirect), which logs nothing.
  */
 export const UNKNOWN_HOST_LOCATION = '@dstack_unknown_host';
 
-/** The client's method, on the default server's by-host check (hostCheck); its Host is the client's. */
-export const HOST_AUTH_METHOD_HEADER = 'X-Dstack-Proxy-Method';
-/** Answer headers of the check: the service whose token check passed (the stamp), a model's CORS origin. */
-export const HOST_AUTH_SERVICE_HEADER = 'X-Dstack-Proxy-Auth-Service';
-export const HOST_AUTH_CORS_HEADER = 'X-Dstack-Proxy-Cors';
-
-/** The SERVICE_HEADER value of the default server's by-host check (hostCheck): never a service key. */
-export const HOST_CHECK = 'host-check';
+/**
+ * On the data plane's own answer to a by-host request (a refused token, a preflight): what a
+ * service site would not count as a replica hit. The default server logs it so, and hides it.
+ */
+export const HIT_HEADER = 'X-Dstack-Proxy-Hit';

@@ -16,6 +16,7 @@ export { hashSpec, serviceJson, shareUnchanged, specChunks, specJson, canonicalJ
 export { diffSpecs, deepEqual, type SpecDiff, type ObjectChange, type FieldChange } from './diff.js';
 export { redact, scrubSecrets, secretsOf, REDACTED } from './redact.js';
 export { domainProblem, prefixProblem, headerProblem } from './semantic.js';
+export { servesCors, MODEL_CORS_ORIGIN, MODEL_CORS_METHODS, MODEL_CORS_HEADERS } from './cors.js';
 
 export type ValidationResult = { ok: true; state: ProxyState } | { ok: false; errors: SpecIssue[] };
 

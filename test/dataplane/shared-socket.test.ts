@@ -176,38 +176,6 @@ describe('the shared data-plane socket', () => {
     expect(raw).toEqual(['Host', 'svc', 'Upgrade', 'websocket', 'Connection', 'Upgrade']);
   });
 
-  it('by host: an auth route serves only what the check stamped for it, without the token; a CORS route answers preflights', async () => {
-    const byHost = (host: string, extra = '', method = 'GET'): string =>
-      `${method} /x HTTP/1.1\r\nHost: ${host}\r\n${SERVICE_HEADER}: by-host\r\n${extra}\r\n`;
-    try {
-      replicas.setHostRoute('p/a', { host: 'guarded.test', cors: false, auth: true });
-      replicas.setHostRoute('p/b', { host: 'model.test', cors: true, auth: false });
-      const r = await exchange(
-        sock,
-        byHost('guarded.test', 'Authorization: Bearer t\r\nX-Dstack-Proxy-Auth: p/a\r\n') + byHost('model.test'),
-        2,
-      );
-      expect(r.closed).toBe(false);
-      const got = bodies(r.text) as { name: string; rawHeaders: string[] }[];
-      expect(got.map((g) => g.name)).toEqual(['a', 'b']);
-      const names = got[0]!.rawHeaders.filter((_, i) => i % 2 === 0).map((h) => h.toLowerCase());
-      expect(names).not.toContain('authorization');
-      expect(names).not.toContain('x-dstack-proxy-auth');
-      // A preflight is answered here: no replica asks, no body.
-      const preflight = await exchange(sock, byHost('model.test', 'Connection: close\r\n', 'OPTIONS'), 1);
-      expect(preflight.text).toBe('HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n');
-      // No stamp, or one for another service: refused, nothing relayed.
-      for (const extra of ['', 'X-Dstack-Proxy-Auth: p/b\r\n']) {
-        const refused = await exchange(sock, byHost('guarded.test', extra), 1);
-        expect(refused.text).toMatch(/^HTTP\/1\.1 401 Unauthorized\r\n/);
-        expect(bodies(refused.text)).toEqual([{ detail: 'Not authenticated' }]);
-      }
-    } finally {
-      replicas.setHostRoute('p/a', null);
-      replicas.setHostRoute('p/b', null);
-    }
-  });
-
   it('answers a service that left the document as the document says now, by the host', async () => {
     const on = (host: string, service: string): string => `GET /left HTTP/1.1\r\nHost: ${host}\r\n${SERVICE_HEADER}: ${service}\r\n\r\n`;
     try {

@@ -1,13 +1,14 @@
 // A new service with auth or an OpenAI-format model is served through our default server before
 // its own site is, against the real private Nginx, a control server (a small fastify app
 // answering dstack's `POST /api/projects/:project/get`) and a replica that shows what reached it:
-// the default server checks the token as the site would (401 without, 403 for an outsider) and
-// passes neither the token nor its own stamp on; a model's host gets the site's CORS (a
-// preflight answered without the replica, the replica's own CORS headers replaced) on every
-// answer, refusals included. A reload right after the one at start waits out a 15 s interval, so
+// the data plane checks the token as the site would (401 without, 403 for an outsider) and does
+// not pass it on; a model's host gets the site's CORS (a preflight answered without the replica,
+// the replica's own CORS headers replaced) on every answer, refusals included. A reload right after the one at start waits out a 15 s interval, so
 // every answer here comes through the default server.
 
+import { readFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { TestGateway } from '../helpers/gateway.js';
 import { close } from '../helpers/http.js';
@@ -96,12 +97,13 @@ function noSiteServed(): void {
 }
 
 describe('a service with auth, before its site is served', () => {
-  it('checks the token as its site would, and passes neither the token nor the stamp on', async () => {
+  it('checks the token as its site would, and does not pass it on', async () => {
     seen.length = 0;
-    expect((await get('private.gw.test')).status).toBe(401);
+    const refused = await get('private.gw.test');
+    expect(refused.status).toBe(401);
+    expect(refused.headers['www-authenticate']).toBe('Bearer');
+    expect(refused.headers['x-dstack-proxy-hit']).toBeUndefined(); // Nginx keeps that to itself
     expect((await get('private.gw.test', { token: OUTSIDER })).status).toBe(403);
-    // A client's own stamp for the service changes nothing: Nginx's check replaces it.
-    expect((await get('private.gw.test', { headers: { 'x-dstack-proxy-auth': 'main/private' } })).status).toBe(401);
     expect(seen).toEqual([]);
     const ok = await get('private.gw.test', { token: MEMBER });
     expect(ok.status).toBe(200);
@@ -112,12 +114,22 @@ describe('a service with auth, before its site is served', () => {
     noSiteServed();
   });
 
-  it('a public service gets no check, and a stamp a client sends never reaches it', async () => {
+  it('a public service gets no check, and its Authorization as the site passes it', async () => {
     seen.length = 0;
-    const r = await get('plain.gw.test', { headers: { 'x-dstack-proxy-auth': 'main/private', authorization: 'Bearer x' } });
+    const r = await get('plain.gw.test', { headers: { authorization: 'Bearer x' } });
     expect(r.status).toBe(200);
-    expect(seen[0]!.headers['x-dstack-proxy-auth']).toBeUndefined();
-    expect(seen[0]!.headers.authorization).toBe('Bearer x'); // no auth: the site passes it on too
+    expect(seen[0]!.headers.authorization).toBe('Bearer x');
+  });
+
+  it('logs a refusal as no replica hit, as the site would', async () => {
+    const log = join(t.stateDir, 'logs', 'access.log');
+    const lines = await eventually(() => {
+      const l = readFileSync(log, 'utf8').split('\n');
+      return l.some((x) => x.includes(' private.gw.test 200 ')) ? l : undefined;
+    });
+    const mine = lines.filter((x) => x.includes(' private.gw.test '));
+    expect(mine.filter((x) => / 40[13] /.test(x)).map((x) => x.slice(-2))).toEqual([' 0', ' 0']);
+    expect(mine.filter((x) => x.includes(' 200 ')).map((x) => x.slice(-2))).toEqual([' 1']);
   });
 });
 

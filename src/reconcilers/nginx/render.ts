@@ -11,6 +11,8 @@
 //                      and can scale from zero).
 // `set` runs in the rewrite phase, before access and limit_req; putting it in the named
 // location that try_files enters after both is what keeps 401/429 out of the hit count.
+// The default server's by-host relay logs a hit for every answer but those the data plane gives
+// itself in the site's place (a refused token, a preflight), which it marks with HIT_HEADER.
 //
 // No address is trusted: a TLS terminator or an SSH forward on the gateway host makes every
 // outside client 127.0.0.1. The gateway's own model API reaches a service through a second
@@ -21,16 +23,8 @@
 // Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
 // X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
-import {
-  AUTH_STAMP_HEADER,
-  BY_HOST,
-  HOST_AUTH_CORS_HEADER,
-  HOST_AUTH_METHOD_HEADER,
-  HOST_CHECK,
-  HOST_AUTH_SERVICE_HEADER,
-  SERVICE_HEADER,
-  UNKNOWN_HOST_LOCATION,
-} from '../../dataplane/service-header.js';
+import { BY_HOST, HIT_HEADER, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from '../../dataplane/service-header.js';
+import { MODEL_CORS_HEADERS, MODEL_CORS_METHODS, MODEL_CORS_ORIGIN } from '../../spec/cors.js';
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
 
@@ -49,8 +43,6 @@ export const REPLICA_LOCATION = '@dstack_replica';
 /** Where Nginx's own 504 (the replica silent past proxy_read_timeout) is answered in JSON. */
 const TIMEOUT_LOCATION = '@dstack_timeout';
 export const AUTH_LOCATION = '/_dstack_auth';
-/** The default server's by-host check (the data plane's hostCheck). */
-const HOST_AUTH_LOCATION = '/_dstack_host_check';
 export const ACME_PREFIX = '/.well-known/acme-challenge/';
 /**
  * The access log's format (src/stats/parse.ts reads its lines). Not `dstack_stat`: a host that
@@ -58,9 +50,8 @@ export const ACME_PREFIX = '/.well-known/acme-challenge/';
  * refuses two log_formats of one name in the same http block.
  */
 export const LOG_FORMAT = 'dstack_proxy_stat';
-
-const CORS_METHODS = 'GET, POST, PUT, PATCH, DELETE, OPTIONS';
-const CORS_HEADERS = 'Authorization, Content-Type, Accept, OpenAI-Organization, OpenAI-Project, X-Requested-With';
+/** The same lines, from the default server's by-host relay: a hit unless the data plane says not. */
+const BY_HOST_LOG_FORMAT = 'dstack_proxy_stat_by_host';
 
 type Lines = string[];
 
@@ -82,9 +73,9 @@ export function renderGlobal(v: GlobalView): string {
   l.push('# Upstream keepalive needs Connection "" on plain requests; WebSocket upgrades pass "upgrade".');
   l.push(...block('map $http_upgrade $dstack_connection_upgrade', ['default upgrade;', "'' '';"]), '');
   if (v.byHost) {
-    // The rest of a model's CORS, for hosts the by-host check gave an origin (empty: no header).
-    l.push(...block('map $dstack_host_cors $dstack_host_cors_methods', ["'' '';", `default ${quote(CORS_METHODS)};`]), '');
-    l.push(...block('map $dstack_host_cors $dstack_host_cors_headers', ["'' '';", `default ${quote(CORS_HEADERS)};`]), '');
+    l.push('# The by-host relay: what the data plane answers itself (a refused token, a preflight) is no hit.');
+    l.push(`log_format ${BY_HOST_LOG_FORMAT} '$time_iso8601 $host $status $request_time $dstack_by_host_hit';`);
+    l.push(...block(`map $upstream_http_${headerVariable(HIT_HEADER)} $dstack_by_host_hit`, ["'' 1;", 'default 0;']), '');
   }
   l.push(...dataplaneUpstream(v));
   l.push(...trustedProxies(v));
@@ -128,49 +119,29 @@ export function renderGlobal(v: GlobalView): string {
 
 /**
  * The default server's relay to the data plane, for hosts without a site: what a service site's
- * replica location sets for a service with no auth, limits or CORS, the service named by Host
- * (SERVICE_HEADER BY_HOST). The data plane's unknown-host answer comes back as an internal
- * redirect to the 404, which logs nothing, as the default server never did.
+ * replica location sets, the service named by Host (SERVICE_HEADER BY_HOST). A token check and
+ * a model's CORS are the data plane's there, no subrequest per request. The data plane's
+ * unknown-host answer comes back as an internal redirect to the 404, which logs nothing, as the
+ * default server never did.
  */
 function byHostLocations(b: NonNullable<GlobalView['byHost']>, upstream: string): Lines {
   return [
     ...block('location /', [
-      `access_log ${quote(b.accessLogPath)} ${LOG_FORMAT};`,
+      `access_log ${quote(b.accessLogPath)} ${BY_HOST_LOG_FORMAT};`,
       `client_max_body_size ${b.clientMaxBodySize};`,
-      // What the host's service would have its site do: check its token (the check names the
-      // service it passed for, and the data plane serves only that one), add a model's CORS.
-      `auth_request ${HOST_AUTH_LOCATION};`,
-      `auth_request_set $dstack_host_auth $upstream_http_${headerVariable(HOST_AUTH_SERVICE_HEADER)};`,
-      `auth_request_set $dstack_host_cors $upstream_http_${headerVariable(HOST_AUTH_CORS_HEADER)};`,
-      // An empty value adds no header: only a model's host gets these.
-      'add_header Access-Control-Allow-Origin $dstack_host_cors always;',
-      `add_header Access-Control-Allow-Methods $dstack_host_cors_methods always;`,
-      `add_header Access-Control-Allow-Headers $dstack_host_cors_headers always;`,
-      'set $dstack_replica_hit 1;',
+      // What the host's site would do beyond this (a token check, a model's CORS) the data plane
+      // does, on the same connection: the client's Authorization goes to it as is.
+      `proxy_hide_header ${HIT_HEADER};`,
       `proxy_pass http://${upstream};`,
       'proxy_http_version 1.1;',
       ...forwardedHeaders({ behindProxies: b.behindProxies }),
       'proxy_set_header Upgrade $http_upgrade;',
       'proxy_set_header Connection $dstack_connection_upgrade;',
       `proxy_set_header ${SERVICE_HEADER} ${BY_HOST};`,
-      `proxy_set_header ${AUTH_STAMP_HEADER} $dstack_host_auth;`,
       `error_page 504 ${TIMEOUT_LOCATION};`,
       `proxy_read_timeout ${b.proxyReadTimeoutSec}s;`,
       `proxy_send_timeout ${b.proxyReadTimeoutSec}s;`,
       'proxy_buffering off;',
-    ]),
-    ...block(`location = ${HOST_AUTH_LOCATION}`, [
-      'internal;',
-      // Answered by the data plane from its by-host routes, on its kept-alive socket.
-      `proxy_pass http://${upstream};`,
-      'proxy_http_version 1.1;',
-      'proxy_set_header Connection "";',
-      'proxy_pass_request_body off;',
-      'proxy_set_header Content-Length "";',
-      'proxy_set_header Host $host;',
-      `proxy_set_header ${SERVICE_HEADER} ${HOST_CHECK};`,
-      `proxy_set_header ${HOST_AUTH_METHOD_HEADER} $request_method;`,
-      'proxy_set_header Authorization $http_authorization;',
     ]),
     ...block(`location ${UNKNOWN_HOST_LOCATION}`, ['access_log off;', 'return 404;']),
     ...timeoutBlock(),
@@ -307,9 +278,9 @@ function redirectAndCors(v: SiteCommon): Lines {
   if (v.cors) {
     l.push(
       '',
-      `add_header Access-Control-Allow-Origin * always;`,
-      `add_header Access-Control-Allow-Methods ${quote(CORS_METHODS)} always;`,
-      `add_header Access-Control-Allow-Headers ${quote(CORS_HEADERS)} always;`,
+      `add_header Access-Control-Allow-Origin ${quote(MODEL_CORS_ORIGIN)} always;`,
+      `add_header Access-Control-Allow-Methods ${quote(MODEL_CORS_METHODS)} always;`,
+      `add_header Access-Control-Allow-Headers ${quote(MODEL_CORS_HEADERS)} always;`,
       ...block('if ($request_method = OPTIONS)', ['return 204;']),
     );
   }

@@ -5,6 +5,7 @@
 import { ProxyError } from '../../errors.js';
 import type { Entrypoint, ProxyState, RateLimit, Service } from '../../spec/types.js';
 import { DEFAULT_CLIENT_MAX_BODY_SIZE, ROUTER_ALLOWED_PATHS, serviceKey } from '../../spec/types.js';
+import { servesCors } from '../../spec/cors.js';
 import { checkTrustedProxy } from './trusted-proxies.js';
 import { fileNameFor, limitKeyVariable, listenAddress, rateFor, serverAddress, upstreamName, zoneName } from './names.js';
 
@@ -328,7 +329,7 @@ function serviceSite(s: Service, common: SiteCommon, target: UpstreamTarget, api
     kind: 'service',
     serviceKey: key,
     clientMaxBodySize: s.clientMaxBodySize,
-    cors: s.model?.format === 'openai',
+    cors: servesCors(s),
     upstream:
       target.kind === 'shared'
         ? { name: DATAPLANE_UPSTREAM, shared: true }

@@ -2,6 +2,7 @@
 // a service's own site is served, and which hosts the document has at all.
 
 import type { HostRoute } from '../../dataplane/service-header.js';
+import { servesCors } from '../../spec/cors.js';
 import { DEFAULT_CLIENT_MAX_BODY_SIZE, serviceKey, type ProxyState, type Service } from '../../spec/types.js';
 
 /**
@@ -21,11 +22,6 @@ export function byHostEligible(s: Service): boolean {
     s.clientMaxBodySize === DEFAULT_CLIENT_MAX_BODY_SIZE &&
     s.readTimeout === undefined
   );
-}
-
-/** Whether an OpenAI-format model's site adds CORS: the same rule as the site's. */
-export function servesCors(s: Service): boolean {
-  return s.model?.format === 'openai';
 }
 
 /** The by-host route of an eligible service (its domain in lower case, as Nginx's $host). */

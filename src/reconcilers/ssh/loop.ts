@@ -17,7 +17,7 @@
 // retired it: its host's new service, or an unknown host's 404 (Replicas.setLeft), so a removal
 // is served without waiting for the reload that drops its site.
 
-import type { HostAuthorize } from '../../dataplane/host-check.js';
+import type { HostAuthorize } from '../../dataplane/host-auth.js';
 import { join } from 'node:path';
 import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
