@@ -5,10 +5,20 @@
 
 const gc = (globalThis as { gc?: () => void }).gc;
 
+/**
+ * How long the figures wait after the collection: V8 sweeps and gives pages back to the system
+ * on its own threads after gc() returns, so an RSS read at once may still count freed memory.
+ */
+const RELEASE_MS = 1_000;
+
 process.on('SIGUSR2', () => {
   // Twice: the first collection can leave objects whose finalizers free more in the second.
   gc?.();
   gc?.();
+  setTimeout(report, RELEASE_MS);
+});
+
+function report(): void {
   const m = process.memoryUsage();
   const figures = {
     gc: gc !== undefined,
@@ -19,4 +29,4 @@ process.on('SIGUSR2', () => {
     arrayBuffers: m.arrayBuffers,
   };
   process.stderr.write(`bench-memory ${JSON.stringify(figures)}\n`);
-});
+}
