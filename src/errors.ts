@@ -23,6 +23,7 @@ export const ERRORS = {
   DP_ERR_INTERNAL: { status: 500, message: 'Internal error' },
   DP_ERR_BAD_OPTION: { status: 500, message: 'Invalid option' },
   DP_ERR_OPEN_API: { status: 500, message: 'The management API would be open on a non-loopback address' },
+  DP_ERR_ALREADY_SERVED: { status: 500, message: 'Another gateway serves this state dir' },
   DP_ERR_MANAGEMENT_OFF: { status: 403, message: 'The management routes are not served on this listener' },
   DP_ERR_DUPLICATE_HOST: { status: 400, message: 'The request has more than one Host header' },
   DP_ERR_NO_READY_REPLICA: { status: 503, message: 'The service has no ready replica' },

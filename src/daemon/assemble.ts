@@ -11,7 +11,7 @@ import type { Logger } from 'pino';
 import { buildApp, type AppOptions, type RouteModule } from '../api/app.js';
 import { planFromController } from '../api/plan.js';
 import type { Runtime } from '../api/runtime.js';
-import type { Clock } from '../clock.js';
+import { systemClock, type Clock } from '../clock.js';
 import { Controller } from '../reconcilers/controller.js';
 import type { AnyLoop } from '../reconcilers/types.js';
 import type { StoredState } from '../state/store.js';
@@ -65,6 +65,15 @@ export interface Profile {
   beforeListen?(): Promise<void>;
   /** Once every listener listens, before the first pass (fills in ports picked by the kernel). */
   listening?(ports: number[], d: Assembly): void;
+  /**
+   * Taking over from a process that still holds the ports (asked after preflight): the first
+   * pass runs before the listeners bind; once it has settled, `takeOver` makes this process
+   * the one served and tells the other to stop, and the listeners then bind as soon as the
+   * other has let go of their ports (within `takeOverListenMs`).
+   */
+  takingOver?(): boolean;
+  takeOver?(): Promise<void>;
+  takeOverListenMs?: number;
   /**
    * When the daemon is ready (/readyz): `settled` once every loop has settled the first pass
    * (certificates still being requested arrive later), `done` once the first pass finished.
@@ -166,11 +175,15 @@ export async function assemble(profile: Profile): Promise<Daemon> {
 
     await profile.beforeListen?.();
     const ports: number[] = [];
-    for (const [i, l] of listeners.entries()) {
-      await apps[i]!.listen({ host: l.host, port: l.port });
-      ports.push((apps[i]!.server.address() as { port: number }).port);
-    }
-    profile.listening?.(ports, d);
+    const listen = async (retryMs: number): Promise<void> => {
+      for (const [i, l] of listeners.entries()) {
+        await listenRetrying(apps[i]!, l, retryMs, profile.clock ?? systemClock);
+        ports.push((apps[i]!.server.address() as { port: number }).port);
+      }
+      profile.listening?.(ports, d);
+    };
+    const takingOver = profile.takingOver?.() ?? false;
+    if (!takingOver) await listen(0);
 
     const first = ctl.start();
     if (profile.readyWhen === 'settled') {
@@ -183,6 +196,10 @@ export async function assemble(profile: Profile): Promise<Daemon> {
     } else {
       await first;
     }
+    if (takingOver) {
+      await profile.takeOver!();
+      await listen(profile.takeOverListenMs ?? 30_000);
+    }
     ready = true;
     const urls = listeners.map((l, i) => `http://${urlHost(l.host)}:${ports[i]}`);
     profile.ready?.(d, urls);
@@ -190,6 +207,23 @@ export async function assemble(profile: Profile): Promise<Daemon> {
   } catch (err) {
     await close();
     throw err;
+  }
+}
+
+/** How often a listener whose port another process still holds tries again. */
+const LISTEN_RETRY_MS = 20;
+
+/** Listens; a port in use is tried again every LISTEN_RETRY_MS for up to `retryMs`. */
+async function listenRetrying(app: FastifyInstance, l: ListenerProfile, retryMs: number, clock: Clock): Promise<void> {
+  const until = clock.now() + retryMs;
+  for (;;) {
+    try {
+      await app.listen({ host: l.host, port: l.port });
+      return;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE' || clock.now() >= until) throw err;
+      await new Promise<void>((resolve) => clock.setTimeout(resolve, LISTEN_RETRY_MS));
+    }
   }
 }
 

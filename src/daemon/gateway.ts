@@ -9,7 +9,9 @@ import { checkManagementExposure, readApiToken } from '../api/api-token.js';
 import type { Clock } from '../clock.js';
 import { checkDstackCompatHost } from '../compat/dstack/index.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
-import { accessLogPath, prepareGatewayHost, type GatewayHost } from '../gateway/nginx-host.js';
+import { liveDataPlane } from '../dataplane/index.js';
+import { ProxyError } from '../errors.js';
+import { accessLogPath, prepareGatewayHost, socketDirOf, type GatewayHost } from '../gateway/nginx-host.js';
 import type { GatewayOptions } from '../gateway/options.js';
 import { gatewayAuth, gatewayRoutes } from '../gateway/routes.js';
 import { ENTRYPOINT_KEY_HEADER, fileFirstSeenStore, observeModels } from '../models/index.js';
@@ -51,6 +53,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let host!: GatewayHost;
   let loops!: ReturnType<typeof gatewayLoops>;
   const stateDir = resolve(options.stateDir);
+  /** The gateway this one takes over from (--take-over true), found serving this state dir at start. */
+  let predecessor: { pid: number | null } | undefined;
   // Both touch nothing until used.
   const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
   const auth = gatewayAuth(options, logger, deps.clock);
@@ -76,12 +80,16 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
         },
         logger,
       );
+      predecessor = await findPredecessor(options, logger);
     },
     // A corrupt state.json fails here, before anything else is touched.
     store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }),
     async loops(d) {
       host = await prepareGatewayHost(options, logger, () => d.controller.notify());
-      loops = gatewayLoops(options, host, () => d.current().generation, deps, auth);
+      // Taking over: the shared socket is bound beside the running gateway's, and Nginx is
+      // pointed at it once this process serves the document (takeOver below).
+      const loopDeps = predecessor ? { ...deps, ssh: { ...deps.ssh, handOver: true } } : deps;
+      loops = gatewayLoops(options, host, () => d.current().generation, loopDeps, auth);
       return [loops.ssh, loops.tls, loops.nginx];
     },
     planNotes: (loop, kinds) => (loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined),
@@ -101,6 +109,23 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       loops.view.apiUrl = apiTarget(options.apiHost, port!);
       logger.info({ port, generation: d.current().generation, nginx: options.nginx, confDir: host.confDir }, 'gateway listening');
     },
+    takingOver: () => predecessor !== undefined,
+    async takeOver() {
+      await loops.ssh.balancer.publish();
+      const pid = predecessor!.pid;
+      logger.info({ pid }, 'took the data plane over; telling the gateway taken over from to stop');
+      if (pid === null) {
+        logger.warn('the gateway taken over from did not say its pid: stop it, for this one to listen on its API port');
+        return;
+      }
+      try {
+        process.kill(pid, 'SIGTERM');
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
+      }
+    },
+    // The one taken over from closes its API first thing when told to stop.
+    takeOverListenMs: 30_000,
     // Nginx serves the document; certificates still being requested arrive later on their own.
     readyWhen: 'settled',
     ready: (d) => logger.info({ generation: d.current().generation }, 'first reconcile pass settled'),
@@ -117,4 +142,24 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     paths: { stateDir: host.stateDir, confDir: host.confDir, accessLog: host.accessLog, acmeWebroot: host.workerDirs.acmeWebroot },
     close: daemon.close,
   };
+}
+
+/**
+ * A gateway already serving this state dir (its data-plane socket accepts): refused, unless
+ * this one is to take over from it.
+ */
+async function findPredecessor(options: GatewayOptions, logger: Logger): Promise<{ pid: number | null } | undefined> {
+  const live = await liveDataPlane(socketDirOf(options));
+  if (live === undefined) {
+    if (options.takeOver === 'true') logger.info('--take-over true: no gateway serves this state dir, starting as usual');
+    return undefined;
+  }
+  if (options.takeOver === 'true') {
+    logger.info({ pid: live.pid }, 'taking over from the gateway that serves this state dir');
+    return live;
+  }
+  throw new ProxyError(
+    'DP_ERR_ALREADY_SERVED',
+    `another gateway${live.pid === null ? '' : ` (pid ${live.pid})`} serves ${resolve(options.stateDir)}: stop it first, or start this one with --take-over true to take over from it without dropping a request`,
+  );
 }

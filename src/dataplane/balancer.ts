@@ -4,11 +4,19 @@
 // is a pool (and a file, a bind) per service. Each accepted connection is relayed request by
 // request (relay-connection.ts) to the replica replicas.ts chooses for each request; with no
 // replica to take a request the client gets the catalog's JSON answer.
+//
+// The shared socket is bound per process, under instances/<id>/, and reached through a symbolic
+// link at the path Nginx knows (<socketDir>/dataplane.sock). A gateway taking over from a
+// running one (handOver) binds its own socket beside the old one and, once it serves the
+// document, points the link at it with one rename: Nginx's next connection reaches the new
+// process, its open ones stay with the old, which answers each next request on them with
+// Connection: close and ends when they have all closed (close({ drainMs })). No reload, no
+// connection refused in between.
 
 import type { HostAuthorize } from './host-auth.js';
 import { createHash } from 'node:crypto';
-import { chmod, chown, mkdir, unlink } from 'node:fs/promises';
-import { createServer, type Server, type Socket } from 'node:net';
+import { chmod, chown, mkdir, readdir, readlink, rename, rm, symlink, unlink } from 'node:fs/promises';
+import { connect, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { RelayConnection } from './relay-connection.js';
@@ -29,6 +37,11 @@ export interface BalancerOptions {
   shared?: boolean;
   /** The control-server token check of by-host requests for `auth: true` services; without it they answer 503. */
   hostAuth?: HostAuthorize;
+  /**
+   * With `shared`: the link at the shared path is left to a running gateway's socket until
+   * publish() (a hand-over); without it, it points at this one's as soon as it is bound.
+   */
+  handOver?: boolean;
   /** Default 0o660 when socketGid is set, else 0o600. */
   socketMode?: number;
   /** chown the sockets to this user / group (the Nginx worker's). */
@@ -53,8 +66,42 @@ export function socketPathFor(socketDir: string, serviceKey: string): string {
   return join(socketDir, `${slug}.${h}.sock`);
 }
 
+/** Where each process binds its shared socket, under the socket dir. */
+export const INSTANCES_DIR = 'instances';
+let instances = 0;
+
+/**
+ * The process whose shared socket the link under `socketDir` leads to, if one accepts there:
+ * its pid (null for a gateway that bound the path itself, without the link); undefined when
+ * nothing answers.
+ */
+export async function liveDataPlane(socketDir: string): Promise<{ pid: number | null } | undefined> {
+  const path = join(socketDir, SHARED_SOCKET_NAME);
+  if (!(await accepts(path))) return undefined;
+  const target = await readlink(path).catch(() => null);
+  const m = target === null ? null : /^instances\/(\d+)\./.exec(target);
+  return { pid: m ? Number(m[1]) : null };
+}
+
+/** Whether something accepts connections on the Unix socket at `path`. */
+function accepts(path: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = connect({ path });
+    s.once('connect', () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once('error', () => resolve(false));
+  });
+}
+
 export class Balancer {
   readonly stats: BalancerStats = { accepted: 0, requests: 0, unavailable: 0 };
+  /** This balancer's own dir under INSTANCES_DIR: the pid first, so a successor knows whom to tell. */
+  readonly #instance = `${process.pid}.${++instances}`;
+  /** Accepted connections' relays, told to drain when a successor took the link. */
+  readonly #relays = new Set<RelayConnection>();
+  #published = false;
   readonly #o: BalancerOptions;
   readonly #servers = new Map<string, Server>();
   /** Accepted connections, closed with the balancer. */
@@ -68,7 +115,7 @@ export class Balancer {
     this.#o = o;
   }
 
-  /** The shared socket's path, or null with a socket per service. */
+  /** The shared socket's path (the link Nginx connects through), or null with a socket per service. */
   get sharedSocketPath(): string | null {
     return this.#o.shared ? join(this.#o.socketDir, SHARED_SOCKET_NAME) : null;
   }
@@ -125,8 +172,10 @@ export class Balancer {
       let binding = this.#binding.get('');
       if (!binding) {
         binding = (async () => {
-          await mkdir(this.#o.socketDir, { recursive: true, mode: 0o755 });
+          await this.#removeStaleInstances();
+          await mkdir(join(this.#o.socketDir, INSTANCES_DIR, this.#instance), { recursive: true, mode: 0o755 });
           this.#shared = await this.#bind(null);
+          if (!this.#o.handOver) await this.publish();
         })().finally(() => this.#binding.delete(''));
         this.#binding.set('', binding);
       }
@@ -143,7 +192,7 @@ export class Balancer {
 
   /** Listens on a service's socket, or (null) on the shared one. */
   async #bind(serviceKey: string | null): Promise<Server> {
-    const path = serviceKey === null ? this.sharedSocketPath! : this.socketPathFor(serviceKey);
+    const path = serviceKey === null ? this.#instancePath() : this.socketPathFor(serviceKey);
     // allowHalfOpen: a client's EOF ends only its side; the answer in flight (or a pinned
     // replica's bytes) still flows back.
     const server = createServer({ allowHalfOpen: true }, (sock) => this.#accept(serviceKey, sock));
@@ -194,23 +243,94 @@ export class Balancer {
     await unlink(this.socketPathFor(serviceKey)).catch(() => undefined);
   }
 
-  async close(): Promise<void> {
+  /** This process's shared socket, bound under INSTANCES_DIR. */
+  #instancePath(): string {
+    return join(this.#o.socketDir, INSTANCES_DIR, this.#instance, SHARED_SOCKET_NAME);
+  }
+
+  /** The link's target, relative to the socket dir. */
+  #linkTarget(): string {
+    return join(INSTANCES_DIR, this.#instance, SHARED_SOCKET_NAME);
+  }
+
+  /**
+   * Points the shared path at this process's socket (one rename: a connection reaches either
+   * the old socket or this one, never nothing). A no-op before the socket is bound, or again.
+   */
+  async publish(): Promise<void> {
+    if (this.#shared === null || this.#published) return;
+    const temp = `${this.sharedSocketPath!}.${this.#instance}.tmp`;
+    await rm(temp, { force: true });
+    await symlink(this.#linkTarget(), temp);
+    await rename(temp, this.sharedSocketPath!);
+    this.#published = true;
+  }
+
+  /** Whether the shared path leads to this process's socket. */
+  async #ownsLink(): Promise<boolean> {
+    return (await readlink(this.sharedSocketPath!).catch(() => null)) === this.#linkTarget();
+  }
+
+  /** Instance dirs of processes gone (nothing accepts on their socket): a crash leaves them. */
+  async #removeStaleInstances(): Promise<void> {
+    const dir = join(this.#o.socketDir, INSTANCES_DIR);
+    const names = await readdir(dir).catch(() => [] as string[]);
+    for (const name of names) {
+      if (name === this.#instance || (await accepts(join(dir, name, SHARED_SOCKET_NAME)))) continue;
+      await rm(join(dir, name), { recursive: true, force: true });
+    }
+  }
+
+  /**
+   * Stops serving. When another process has taken the shared link over (a hand-over), what is
+   * in flight finishes: each open connection's next request is answered with Connection: close,
+   * and close resolves once they have all closed, or after `drainMs` (then the rest are cut).
+   * Otherwise the link is removed and open connections are cut at once, as nobody is left to
+   * answer them.
+   */
+  async close(o: { drainMs?: number } = {}): Promise<void> {
     await Promise.all([...this.#servers.keys()].map((k) => this.unlisten(k)));
     this.#served.clear();
     const shared = this.#shared;
     this.#shared = null;
     if (shared) {
       shared.close(() => undefined);
-      await unlink(this.sharedSocketPath!).catch(() => undefined);
+      const superseded = !(await this.#ownsLink());
+      if (!superseded) await unlink(this.sharedSocketPath!).catch(() => undefined);
+      await unlink(this.#instancePath()).catch(() => undefined);
+      if (superseded && (o.drainMs ?? 0) > 0 && this.#clients.size > 0) await this.#drain(o.drainMs!);
+      await rm(join(this.#o.socketDir, INSTANCES_DIR, this.#instance), { recursive: true, force: true });
     }
     for (const c of this.#clients) c.destroy();
+  }
+
+  /** Until every accepted connection has closed, or `ms` passed. */
+  async #drain(ms: number): Promise<void> {
+    this.#o.logger?.info({ connections: this.#clients.size, drainMs: ms }, 'another process serves the data plane now: draining');
+    for (const r of this.#relays) r.drain();
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(done, ms);
+      const check = (): void => {
+        if (this.#clients.size === 0) done();
+      };
+      function done(): void {
+        clearTimeout(timer);
+        resolve();
+      }
+      for (const c of this.#clients) c.once('close', () => process.nextTick(check));
+      check();
+    });
   }
 
   #accept(serviceKey: string | null, client: Socket): void {
     this.stats.accepted++;
     this.#clients.add(client);
-    client.once('close', () => this.#clients.delete(client));
     client.on('error', () => client.destroy());
-    new RelayConnection(serviceKey, client, this.#o.replicas, this.stats, this.#o.hostAuth);
+    const relay = new RelayConnection(serviceKey, client, this.#o.replicas, this.stats, this.#o.hostAuth);
+    this.#relays.add(relay);
+    client.once('close', () => {
+      this.#clients.delete(client);
+      this.#relays.delete(relay);
+    });
   }
 }

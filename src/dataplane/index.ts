@@ -1,5 +1,5 @@
 // The data plane's core: replicas, the per-request choice, the balancer sockets, the answers.
-export { Balancer, socketPathFor, splice, type BalancerOptions, type BalancerStats } from './balancer.js';
+export { Balancer, liveDataPlane, socketPathFor, splice, type BalancerOptions, type BalancerStats } from './balancer.js';
 export { SERVICE_HEADER, SHARED_SOCKET_NAME } from './service-header.js';
 export { DataPlaneError, noReadyReplica, statusFor, type ClientAnswer, type DataPlaneCode } from './errors.js';
 export {

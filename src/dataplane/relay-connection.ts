@@ -70,6 +70,8 @@ export class RelayConnection {
   #checking = false;
   /** The service whose token check the request at the head of the buffer has passed. */
   #passed: string | null = null;
+  /** Another process serves new connections: the next request here is the last. */
+  #draining = false;
   #waitingDrain = false;
   readonly #onData = (chunk: Buffer): void => this.#data(chunk);
   readonly #onEnd = (): void => this.#clientEnded();
@@ -97,6 +99,15 @@ export class RelayConnection {
     socket.on('end', this.#onEnd);
     socket.on('close', this.#onClose);
     socket.resume();
+  }
+
+  /**
+   * Another process serves the data plane now: each request read from here on is answered with
+   * Connection: close, and the connection ends with it. One already answered with keep-alive
+   * keeps it (its peer may reuse the connection); the next one is the last.
+   */
+  drain(): void {
+    this.#draining = true;
   }
 
   /** The request body still being read (its answer cannot keep the connection). */
@@ -132,6 +143,7 @@ export class RelayConnection {
       return this.#close(detailResponse(r.status, a.detail, false));
     }
     const head = r.head;
+    if (this.#draining) head.keepAlive = false;
     let service = this.serviceKey;
     /** A by-host request for a service whose site adds CORS: ours replace the replica's. */
     let cors = false;
@@ -275,7 +287,8 @@ export class RelayConnection {
   requestDone(req: RelayRequest): void {
     if (this.#req !== req) return;
     this.#req = null;
-    if (!req.keepAlive) return this.#close('');
+    // Draining: what Nginx sends next belongs to the process that serves now.
+    if (!req.keepAlive || this.#draining) return this.#close('');
     if (this.socket.isPaused()) this.socket.resume();
     // The next one on a later tick: answers given at once (no replica) do not recurse per request.
     if (this.#buf.length > 0) process.nextTick(this.#onNext);

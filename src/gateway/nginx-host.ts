@@ -9,7 +9,7 @@ import { removeEabLeftovers } from '../reconcilers/tls/certbot.js';
 import { NginxProcess, systemNginx, testConfig, writeMainConf } from '../reconcilers/nginx/nginx-process.js';
 import type { NginxLoopOptions } from '../reconcilers/nginx/loop.js';
 import { prepareInternalListener, removeStaleSocket, type InternalListener } from './internal-listener.js';
-import { lookupUser, prepareWorkerDirs, type WorkerDirs } from './nginx-worker.js';
+import { SOCKETS_SUBDIR, lookupUser, prepareWorkerDirs, type WorkerDirs } from './nginx-worker.js';
 import type { GatewayOptions } from './options.js';
 
 export interface CertbotDirs {
@@ -38,15 +38,21 @@ export interface GatewayHost {
  * `onMasterEvent` is told when a private master died or came back, so a pass reports it and
  * re-applies what a failed reload rolled back.
  */
+/** The dir the Nginx workers may open (sockets, ACME webroot, temp files). */
+export function workerDirOf(options: Pick<GatewayOptions, 'stateDir' | 'nginxWorkerDir'>): string {
+  return options.nginxWorkerDir ? resolve(options.nginxWorkerDir) : `${resolve(options.stateDir)}-nginx`;
+}
+
+/** The data-plane sockets' dir, under the worker dir. */
+export function socketDirOf(options: Pick<GatewayOptions, 'stateDir' | 'nginxWorkerDir'>): string {
+  return join(workerDirOf(options), SOCKETS_SUBDIR);
+}
+
 export async function prepareGatewayHost(options: GatewayOptions, logger: Logger, onMasterEvent: () => void): Promise<GatewayHost> {
   const stateDir = resolve(options.stateDir);
   const switchesUser = options.nginx === 'system' || process.getuid?.() === 0;
   const worker = switchesUser ? await lookupUser(options.nginxUser) : null;
-  const workerDirs = await prepareWorkerDirs(
-    options.nginxWorkerDir ? resolve(options.nginxWorkerDir) : `${stateDir}-nginx`,
-    worker,
-    logger,
-  );
+  const workerDirs = await prepareWorkerDirs(workerDirOf(options), worker, logger);
   // An adopted host points this where the system's logrotate already rotates; its dir may
   // be the system Nginx's own (it exists), or a fresh one of ours.
   const accessLog = accessLogPath(options);

@@ -12,6 +12,9 @@ import { execa } from 'execa';
 import type { Logger } from 'pino';
 import { ProxyError } from '../errors.js';
 
+/** The data-plane sockets' dir under the worker dir. */
+export const SOCKETS_SUBDIR = 'sockets';
+
 export interface WorkerIdentity {
   user: string;
   uid: number;
@@ -126,7 +129,13 @@ export async function prepareWorkerDirs(dir: string, who: WorkerIdentity | null,
       gid = null;
     }
   }
-  const out: WorkerDirs = { dir, socketDir: join(dir, 'sockets'), acmeWebroot: join(dir, 'acme-webroot'), tempDir: join(dir, 'tmp'), gid };
+  const out: WorkerDirs = {
+    dir,
+    socketDir: join(dir, SOCKETS_SUBDIR),
+    acmeWebroot: join(dir, 'acme-webroot'),
+    tempDir: join(dir, 'tmp'),
+    gid,
+  };
   for (const d of [dir, out.socketDir, out.acmeWebroot, out.tempDir]) await ownedDir(d, gid);
   // certbot writes the challenge files 0644 under these; the worker reads them by path.
   const challenges = join(out.acmeWebroot, '.well-known', 'acme-challenge');

@@ -38,6 +38,7 @@ export interface GatewayOptions {
   sshKeepaliveCountMax: number;
   sshShareConnections: 'true' | 'false';
   drainPeriod: number;
+  takeOver: 'true' | 'false';
   serverUrl: string | undefined;
   authCacheTtl: number;
   authTimeout: number;
@@ -167,7 +168,17 @@ export const OPTION_SPECS = {
     default: 'true',
     help: "`true`: replicas reached through identical hops (host, port, user, key, pinned fingerprint) share one SSH connection, each request on its own channel, as OpenSSH's ControlMaster does; `false`: a connection per replica (a jump host that limits channels per connection)",
   },
-  drainPeriod: { kind: 'seconds', default: 30, help: "seconds a removed replica's open connections may finish before they are closed" },
+  drainPeriod: {
+    kind: 'seconds',
+    default: 30,
+    help: "seconds a removed replica's open connections may finish before they are closed, and a gateway another one took over from finishes what Nginx still sends it",
+  },
+  takeOver: {
+    kind: 'enum',
+    values: ['true', 'false'],
+    default: 'false',
+    help: "`true`: start beside the gateway running on this state dir (system Nginx) and take over from it without dropping a request: converge from the stored document with its own tunnels, point Nginx's data-plane socket at this process, tell the old one to stop (it finishes what Nginx still sends it, at most --drain-period), then listen on its API port; `false`: refuse to start while another gateway serves this state dir",
+  },
   certbotBin: { kind: 'string', default: 'certbot', help: 'the certbot program' },
   certbotTimeout: { kind: 'seconds', default: 40, help: 'seconds after which a certbot run is killed with its whole process group' },
   certbotDir: {
@@ -229,6 +240,15 @@ export function resolveOptions(sources: OptionSources): GatewayOptions {
       'DP_ERR_BAD_OPTION',
       "--health-check-ok true answers on our default server, and --default-server false renders none: drop one of the two (the distribution's default site then answers health checks)",
     );
+  }
+  if (options.takeOver === 'true' && options.nginx !== 'system') {
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      '--take-over true needs --nginx system: a private Nginx lives and dies with the gateway that started it',
+    );
+  }
+  if (options.takeOver === 'true' && options.apiPort === 0) {
+    throw new ProxyError('DP_ERR_BAD_OPTION', "--take-over true takes the running gateway's API port over: --api-port 0 names none");
   }
   if (options.accessLog !== undefined) checkAccessLog(options.accessLog);
   parseTrustedProxies(options.trustedProxies);

@@ -233,9 +233,26 @@ function writeError(file: string, err: unknown): unknown {
   );
 }
 
-/** Temp files left by a crash between write and rename: the old state.json is intact. */
+/**
+ * Temp files left by a crash between write and rename: the old state.json is intact. A temp of
+ * a live process (a gateway this one takes over from, writing) is its own, and left alone.
+ */
 async function removeStaleTemps(dir: string): Promise<void> {
   for (const name of await fs.readdir(dir)) {
-    if (name.startsWith(TEMP_PREFIX)) await fs.rm(path.join(dir, name), { force: true });
+    if (!name.startsWith(TEMP_PREFIX)) continue;
+    const pid = Number.parseInt(name.slice(TEMP_PREFIX.length), 10);
+    if (pid !== process.pid && alive(pid)) continue;
+    await fs.rm(path.join(dir, name), { force: true });
+  }
+}
+
+/** Whether a process of that pid exists (one of another user's counts too). */
+function alive(pid: number): boolean {
+  if (!(pid > 0)) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }

@@ -26,10 +26,11 @@ export interface CliGatewayPorts {
 export async function startCliGateway(
   stateDir: string,
   ports: CliGatewayPorts,
-  opts: { readyTimeoutMs?: number } = {},
+  opts: { readyTimeoutMs?: number; args?: string[]; waitReady?: boolean } = {},
 ): Promise<CliGateway> {
   const args = ['gateway', '--state-dir', stateDir, '--api-port', String(ports.apiPort), '--http-port', String(ports.httpPort)];
   args.push('--https-port', String(ports.httpsPort), '--listen-host', '127.0.0.1', '--log-level', 'warn', '--resync-interval', '3600');
+  args.push(...(opts.args ?? []));
   const child = spawn(process.execPath, [CLI, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   child.stderr!.on('data', (c: Buffer) => (stderr += c.toString()));
@@ -44,6 +45,7 @@ export async function startCliGateway(
       await exited;
     },
   };
+  if (opts.waitReady === false) return gw;
   try {
     await eventually(async () => {
       if (child.exitCode !== null) throw new Error(`gateway exited ${child.exitCode}`);

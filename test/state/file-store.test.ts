@@ -150,10 +150,20 @@ describe('file state store', () => {
   it('removes temp files a crash left behind, keeping the state', async () => {
     const store = await openFileStore({ stateDir });
     await store.write(docA);
-    writeFileSync(path.join(stateDir, '.state.json.tmp-123-abc'), '{"half":');
+    // No process has that pid (above Linux's largest pid_max).
+    writeFileSync(path.join(stateDir, '.state.json.tmp-99999999-abc'), '{"half":');
     const s = await (await openFileStore({ stateDir })).read();
     expect(s.generation).toBe(1);
     expect(readdirSync(stateDir)).toEqual([STATE_FILE]);
+  });
+
+  it("leaves a live process's temp file alone (a gateway taken over from, writing)", async () => {
+    const store = await openFileStore({ stateDir });
+    await store.write(docA);
+    const theirs = `.state.json.tmp-${process.ppid}-abc`;
+    writeFileSync(path.join(stateDir, theirs), '{"half":');
+    await openFileStore({ stateDir });
+    expect(readdirSync(stateDir).sort()).toEqual([theirs, STATE_FILE].sort());
   });
 
   it.each([

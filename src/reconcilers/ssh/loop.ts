@@ -71,12 +71,17 @@ export interface SshLoopOptions {
    */
   sharedSocket?: boolean;
   /**
+   * With sharedSocket: another gateway serves this socket dir, and the shared path is pointed at
+   * this one's socket only by balancer.publish(), once it serves the document (a hand-over).
+   */
+  handOver?: boolean;
+  /**
    * Keep by-host routes (Replicas.setHostRoute) for the services a default server that names no
    * service may send to the shared socket: those whose site would do nothing but relay (see
    * byHostEligible). Default false.
    */
   hostRoutes?: boolean;
-  /** The token check of the default server's by-host check (see Balancer). */
+  /** The control-server token check of by-host requests for `auth: true` services (see Balancer). */
   hostAuth?: HostAuthorize;
   /** SSH keepalive: a ping every keepaliveIntervalMs, dead after keepaliveCountMax misses. Default 15_000 and 3. */
   keepaliveIntervalMs?: number;
@@ -153,6 +158,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     socketDir: o.socketDir ?? join(o.stateDir, 'sockets'),
     replicas,
     ...(o.sharedSocket ? { shared: true } : {}),
+    ...(o.handOver ? { handOver: true } : {}),
     ...(o.socketMode !== undefined ? { socketMode: o.socketMode } : {}),
     ...(o.hostAuth ? { hostAuth: o.hostAuth } : {}),
     ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
@@ -276,10 +282,12 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     close(): Promise<void> {
       closing ??= (async () => {
         handle = null;
+        // First the sockets: when another gateway has taken the data plane over, what Nginx
+        // still sends here finishes over these tunnels (at most drainMs) before they close.
+        await balancer.close({ drainMs });
         held.closeAll();
         retiring.clear();
         index.clear();
-        await balancer.close();
         await replicas.close(); // destroys open connections: drains end at once
         await held.drained();
       })();

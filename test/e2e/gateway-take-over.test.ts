@@ -1,0 +1,198 @@
+// A gateway taking over from the one running on the same state dir (`gateway --take-over true`),
+// both real processes (dist/src/cli.js) over the operator's Nginx (system mode, daemonised, its
+// own master): the new one converges beside the old, points Nginx's data-plane socket at itself,
+// tells the old one to stop, and listens on its API port. A steady client through Nginx gets
+// every answer, and a stream open on the old process runs to its end while the old one drains.
+
+import { spawn } from 'node:child_process';
+import { createServer, type Server } from 'node:http';
+import { chmod, mkdtemp, readlink, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { execa } from 'execa';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { writeMainConf } from '../../src/reconcilers/nginx/nginx-process.js';
+import { CLI } from '../helpers/cli.js';
+import { startCliGateway, type CliGateway, type CliGatewayPorts } from '../helpers/cli-gateway.js';
+import { api } from '../helpers/gateway.js';
+import { request } from '../helpers/http.js';
+import { eventually } from '../helpers/nginx.js';
+import { freePorts } from '../helpers/ports.js';
+import { directReplica, integrationDoc } from './integration-harness.js';
+
+/** Events the stream sends, one every STREAM_EVERY_MS: it outlives the hand-over, not the drain. */
+const STREAM_EVENTS = 20;
+const STREAM_EVERY_MS = 100;
+
+let dir: string;
+let confPath: string;
+let replica: Server;
+let replicaPort: number;
+let ports: CliGatewayPorts;
+const gateways: CliGateway[] = [];
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'dp-takeover-'));
+  // The Nginx workers (www-data) enter the worker dir under it.
+  await chmod(dir, 0o711);
+  // Workers as root: they connect to the gateway's root-owned data-plane socket.
+  const paths = await writeMainConf(join(dir, 'nginx'), { user: 'root', workerProcesses: 2 });
+  confPath = paths.confPath;
+  const start = await execa('/usr/sbin/nginx', ['-p', join(dir, 'nginx'), '-c', confPath], { reject: false });
+  expect(start.exitCode, start.stderr).toBe(0);
+  replica = createServer((req, res) => {
+    if (req.url !== '/stream') return void res.end(`ok ${process.pid}`);
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    let n = 0;
+    const timer = setInterval(() => {
+      res.write(`data: ${++n}\n\n`);
+      if (n === STREAM_EVENTS) {
+        clearInterval(timer);
+        res.end();
+      }
+    }, STREAM_EVERY_MS);
+    res.on('close', () => clearInterval(timer));
+  });
+  await new Promise<void>((r) => replica.listen(0, '127.0.0.1', r));
+  replicaPort = (replica.address() as { port: number }).port;
+  const [apiPort, httpPort, httpsPort] = (await freePorts(3)) as [number, number, number];
+  ports = { apiPort, httpPort, httpsPort };
+}, 30_000);
+
+afterAll(async () => {
+  for (const g of gateways) await g.kill();
+  await execa('/usr/sbin/nginx', ['-s', 'stop', '-p', join(dir, 'nginx'), '-c', confPath], { reject: false });
+  replica?.closeAllConnections();
+  await new Promise((r) => replica?.close(r));
+  await rm(dir, { recursive: true, force: true });
+});
+
+function gatewayArgs(extra: string[] = []): string[] {
+  const prefix = join(dir, 'nginx');
+  return [
+    '--nginx',
+    'system',
+    '--sites-dir',
+    join(prefix, 'conf.d'),
+    '--nginx-conf',
+    confPath,
+    '--reload-command',
+    `/usr/sbin/nginx -s reload -p ${prefix} -c ${confPath}`,
+    '--test-command',
+    `/usr/sbin/nginx -t -q -p ${prefix}`,
+    '--drain-period',
+    '10',
+    ...extra,
+  ];
+}
+
+const get = (path = '/') => request({ port: ports.httpPort, host: 'svc.gw.test', path, localAddress: '127.0.0.2' });
+
+/** A stream through Nginx: resolves with its events once it ends, or rejects if it breaks. */
+function stream(): Promise<string[]> {
+  return new Promise((resolve, reject) => {
+    const c = spawn('curl', [
+      '-sS',
+      '-N',
+      '--fail',
+      '--interface',
+      '127.0.0.2',
+      '-H',
+      'Host: svc.gw.test',
+      `http://127.0.0.1:${ports.httpPort}/stream`,
+    ]);
+    let out = '';
+    let err = '';
+    c.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    c.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    c.once('exit', (code) =>
+      code === 0 ? resolve(out.split('\n').filter((l) => l.startsWith('data: '))) : reject(new Error(`curl ${code}: ${err}`)),
+    );
+  });
+}
+
+describe('gateway --take-over true', () => {
+  it('takes over from the running gateway: no request fails, an open stream runs to its end', async () => {
+    const a = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs() });
+    gateways.push(a);
+    const put = await api(ports, {
+      method: 'PUT',
+      path: '/api/v1/state',
+      body: integrationDoc({ services: [{ run: 'svc', domain: 'svc.gw.test', replicas: [directReplica('r0', replicaPort)] }] }),
+    });
+    expect(put.status).toBe(200);
+    await eventually(async () => ((await get()).status === 200 ? true : undefined), 20_000);
+    const link = join(dir, 'state-nginx', 'sockets', 'dataplane.sock');
+    expect(await readlink(link)).toMatch(new RegExp(`^instances/${a.child.pid}\\.`));
+
+    // A steady client through Nginx for the whole hand-over, and a stream opened on the old process.
+    const failures: string[] = [];
+    let answered = 0;
+    let longestGapMs = 0;
+    let steady = true;
+    const client = (async () => {
+      let last = performance.now();
+      while (steady) {
+        const r = await get().catch((err: unknown) => ({ status: 0, body: String(err) }));
+        const now = performance.now();
+        if (r.status === 200) {
+          answered++;
+          longestGapMs = Math.max(longestGapMs, now - last);
+          last = now;
+        } else failures.push(`${r.status} ${r.body.slice(0, 200)}`);
+        await new Promise((res) => setTimeout(res, 5));
+      }
+    })();
+    const events = stream();
+    events.catch(() => undefined); // awaited below
+    await new Promise((res) => setTimeout(res, 300));
+
+    // Without --take-over a second gateway is refused before it touches anything.
+    const refused = await execa(
+      process.execPath,
+      [
+        CLI,
+        'gateway',
+        '--state-dir',
+        join(dir, 'state'),
+        '--api-port',
+        String(ports.apiPort),
+        '--http-port',
+        String(ports.httpPort),
+        '--https-port',
+        String(ports.httpsPort),
+        '--listen-host',
+        '127.0.0.1',
+        ...gatewayArgs(),
+      ],
+      { reject: false },
+    );
+    expect(refused.exitCode).toBe(1);
+    expect(refused.stderr).toContain(`another gateway (pid ${a.child.pid}) serves`);
+
+    // Its /readyz would be the old one's until it has the API port: it is watched by its link.
+    const b = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs(['--take-over', 'true']), waitReady: false });
+    gateways.push(b);
+    await eventually(async () => {
+      if (b.child.exitCode !== null) throw new Error(`the new gateway exited ${b.child.exitCode}: ${b.stderr()}`);
+      return (await readlink(link)).startsWith(`instances/${b.child.pid}.`) ? true : undefined;
+    }, 60_000);
+    // The old one ends on its own once what Nginx still sent it has finished.
+    const code = await new Promise<number | null>((res) =>
+      a.child.exitCode !== null ? res(a.child.exitCode) : a.child.once('exit', (c) => res(c)),
+    );
+    expect(code).toBe(0);
+    expect(await events).toHaveLength(STREAM_EVENTS);
+    await new Promise((res) => setTimeout(res, 500));
+    steady = false;
+    await client;
+
+    expect(failures).toEqual([]);
+    expect(answered).toBeGreaterThan(50);
+    // The new one serves the API and the document.
+    await eventually(async () => ((await api(ports, { path: '/readyz' }).catch(() => null))?.status === 200 ? true : undefined), 30_000);
+    expect((await api(ports, { path: '/api/v1/state' })).status).toBe(200);
+    expect(b.child.exitCode).toBeNull();
+    console.log(`take-over: ${answered} answers, none failed, longest gap ${longestGapMs.toFixed(0)} ms`);
+  }, 120_000);
+});
