@@ -1,6 +1,13 @@
-// How a daemon command ends: the first SIGINT or SIGTERM closes the daemon gracefully. The
-// handlers are removed at once, so a second signal kills the process the default way: an
-// operator can always force a shutdown that hangs.
+// How a daemon command ends: the first SIGINT or SIGTERM closes the daemon gracefully; a second
+// one ends the process at once (exit 128 + the signal's number), so an operator can always force
+// a shutdown that hangs.
+//
+// The handlers stay installed until the process ends. A library that restores a signal's default
+// action when it finds no other listener (execa's child cleanup, through signal-exit) would
+// otherwise re-raise the first signal the moment ours removed itself, and the graceful close
+// would be cut short whenever a child process (an `nginx -t`, a reload) happened to be running.
+
+import { constants } from 'node:os';
 
 export interface Closable {
   close(): Promise<void>;
@@ -12,18 +19,20 @@ export interface Closable {
  */
 export function runUntilSignal(command: string, daemon: Closable, stderr: (s: string) => void): Promise<void> {
   return new Promise<void>((resolve) => {
-    const stop = (signal: string): void => {
+    let stopping = false;
+    const onSignal = (signal: 'SIGINT' | 'SIGTERM'): void => {
+      if (stopping) {
+        stderr(`dstack-proxy ${command}: ${signal} again, exiting now\n`);
+        process.exit(128 + constants.signals[signal]);
+      }
+      stopping = true;
       stderr(`dstack-proxy ${command}: ${signal}, shutting down\n`);
-      process.off('SIGINT', onInt);
-      process.off('SIGTERM', onTerm);
       daemon.close().then(resolve, (err: unknown) => {
         stderr(`dstack-proxy ${command}: shutdown failed: ${(err as Error).message}\n`);
         resolve();
       });
     };
-    const onInt = (): void => stop('SIGINT');
-    const onTerm = (): void => stop('SIGTERM');
-    process.on('SIGINT', onInt);
-    process.on('SIGTERM', onTerm);
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
   });
 }
