@@ -17,6 +17,7 @@ import { gatewayRows } from './gateway.js';
 import { modelRows } from './models.js';
 import { removalRows } from './removals.js';
 import { scaleRows } from './scale.js';
+import { takeOverRows } from './takeover.js';
 import { serverProxyRows } from './server-proxy.js';
 import { specRows } from './spec.js';
 import { sshRows } from './ssh.js';
@@ -35,6 +36,7 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'models', run: modelRows },
   { name: 'server-proxy', run: serverProxyRows },
   { name: 'removals', run: removalRows },
+  { name: 'takeover', run: takeOverRows },
   { name: 'scale', run: scaleRows },
   { name: 'compat', run: compatRows },
 ];

@@ -287,8 +287,9 @@ export class RelayConnection {
   requestDone(req: RelayRequest): void {
     if (this.#req !== req) return;
     this.#req = null;
-    // Draining: what Nginx sends next belongs to the process that serves now.
-    if (!req.keepAlive || this.#draining) return this.#close('');
+    // Draining or not, an answer that said keep-alive keeps the connection: Nginx may already
+    // be sending the next request on it, which then gets Connection: close (drain()).
+    if (!req.keepAlive) return this.#close('');
     if (this.socket.isPaused()) this.socket.resume();
     // The next one on a later tick: answers given at once (no replica) do not recurse per request.
     if (this.#buf.length > 0) process.nextTick(this.#onNext);
