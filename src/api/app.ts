@@ -66,6 +66,9 @@ function withLiveStatus(
   return out;
 }
 
+/** When this process started, ms since the epoch. */
+const STARTED_AT = Math.round(performance.timeOrigin);
+
 export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
   const { runtime } = options;
   const app = Fastify({
@@ -110,7 +113,8 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     });
   app.get('/healthz', async () => ({ status: 'ok' }));
   app.get('/readyz', async (_request, reply) => {
-    if (runtime.isReady()) return { status: 'ready' };
+    // startedAt: which process answered, for whoever waits for a new one (a hand-over).
+    if (runtime.isReady()) return { status: 'ready', startedAt: STARTED_AT };
     return reply.code(503).send({ code: 'DP_ERR_NOT_READY', message: 'the first reconcile pass has not finished' });
   });
   return app;

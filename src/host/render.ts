@@ -42,29 +42,88 @@ function checkArg(what: string, value: string): string {
   return value;
 }
 
-/** The script the unit runs: the active slot's gateway on the host's config. */
+/**
+ * The script the unit runs, its main process: the active slot's gateway on the host's config,
+ * and on SIGHUP (`systemctl reload`) the active slot's gateway again, started beside the running
+ * one with `--take-over true`: the new one serves before the old one stops, so a restart, an
+ * update or a rollback drops no request. A plain POSIX sh, so it never changes with a slot.
+ */
 export function renderStartScript(root: string): string {
   root = checkPath('the host root', root);
   return `#!/bin/sh
-# Starts the active slot's gateway; the service unit runs this. Written by
-# \`dstack-proxy host install\`: edits are replaced on the next install or update.
-# The active slot is named in $root/version (blue when there is none yet), so a switch of
-# slots is one write of that file and a restart.
-set -eu
+# The gateway unit's main process. Written by \`dstack-proxy host install\`: edits are replaced
+# on the next install or update.
+#   - Runs the active slot's gateway, named in $root/version (blue when there is none yet).
+#   - SIGHUP (\`systemctl reload\`, what \`host update\` and \`host rollback\` send): starts the
+#     active slot's gateway again with --take-over true. It converges beside the running one,
+#     takes Nginx's data plane over, then tells the old one to stop; the old one finishes what
+#     it has in flight and exits. A new one that fails before that leaves the old one serving.
+#   - SIGTERM/SIGINT: passed to every gateway it started; it exits when they have.
+#   - The serving gateway ending on its own ends this script with its status, for systemd to
+#     restart the unit.
+set -u
 root='${root}'
-slot=blue
-if [ -f "$root/version" ]; then
-  read -r slot <"$root/version" || true
-fi
-case "$slot" in
-  blue | green) ;;
-  *)
-    echo "$root/version holds '$slot', not blue or green" >&2
-    exit 1
-    ;;
-esac
-cd "$root"
-exec "$root/$slot/node" "$root/$slot/node_modules/dstack-proxy/dist/src/cli.js" gateway --config "$root/config.yaml"
+cd "$root" || exit 1
+
+# The active slot in $slot; false when $root/version names neither.
+active() {
+  slot=blue
+  if [ -f "$root/version" ]; then
+    read -r slot <"$root/version" || true
+  fi
+  case "$slot" in
+    blue | green) return 0 ;;
+  esac
+  echo "$root/version holds '$slot', not blue or green" >&2
+  return 1
+}
+
+# Starts the active slot's gateway with extra flags; its pid in $pid.
+gateway() {
+  "$root/$slot/node" "$root/$slot/node_modules/dstack-proxy/dist/src/cli.js" gateway --config "$root/config.yaml" "$@" &
+  pid=$!
+}
+
+active || exit 1
+gateway
+# The gateway a take-over started from, while the new one has not proved itself.
+prev=''
+reload=0
+stopping=0
+trap 'reload=1' HUP
+trap 'stopping=1; kill -TERM $pid $prev 2>/dev/null' TERM INT
+while :; do
+  wait "$pid"
+  status=$?
+  # The previous gateway is gone: the take-over went through.
+  if [ -n "$prev" ] && ! kill -0 "$prev" 2>/dev/null; then
+    prev=''
+  fi
+  if [ "$reload" = 1 ]; then
+    reload=0
+    if [ "$stopping" = 0 ] && active; then
+      prev=$pid
+      gateway --take-over true
+    fi
+    continue
+  fi
+  # A signal cut the wait short: the gateway still runs.
+  if kill -0 "$pid" 2>/dev/null; then
+    continue
+  fi
+  if [ -n "$prev" ] && kill -0 "$prev" 2>/dev/null && [ "$stopping" = 0 ]; then
+    # The take-over failed; the gateway it started from still runs (it may be draining, if it
+    # was told to stop: then it ends soon, and so does this script).
+    echo "the gateway taking over exited $status; the previous one goes on" >&2
+    pid=$prev
+    prev=''
+    continue
+  fi
+  if [ "$stopping" = 1 ]; then
+    wait
+  fi
+  exit "$status"
+done
 `;
 }
 
@@ -134,6 +193,10 @@ Wants=network-online.target
 [Service]
 Type=simple
 ExecStart=/bin/sh ${root}/start
+# The start script hands over to a new gateway on SIGHUP, without dropping a request.
+ExecReload=/bin/kill -HUP $MAINPID
+# SIGTERM to the start script alone: it passes it to its gateways and waits for their drain.
+KillMode=mixed
 WorkingDirectory=-${root}
 Restart=always
 RestartSec=2

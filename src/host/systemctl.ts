@@ -1,7 +1,10 @@
 // systemctl as the host was installed with it (host.json): the real one, or a daemonless
 // replacement (docker-systemctl-replacement on dstack's Kubernetes gateways). Only the verbs
-// both understand are used: daemon-reload, enable, disable, start, stop, restart, is-active.
+// both understand are used: daemon-reload, enable, disable, start, stop, restart, reload,
+// is-active.
 
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { execa } from 'execa';
 import type { HostSettings } from './layout.js';
 
@@ -25,4 +28,18 @@ export async function systemctl(settings: Pick<HostSettings, 'systemctl'>, args:
 
 export function unitFile(settings: Pick<HostSettings, 'unitName'>): string {
   return `${settings.unitName}.service`;
+}
+
+/**
+ * Whether the installed unit reloads by handing over to a new gateway (its start script takes
+ * SIGHUP for that): units written before it did restart instead.
+ */
+export function unitHandsOver(settings: Pick<HostSettings, 'unitName' | 'unitDir'>): boolean {
+  try {
+    return readFileSync(join(settings.unitDir, unitFile(settings)), 'utf8')
+      .split('\n')
+      .some((l) => l.startsWith('ExecReload='));
+  } catch {
+    return false;
+  }
 }

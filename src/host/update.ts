@@ -3,8 +3,10 @@
 //   - before: the new package is installed into the unused slot, and its own CLI must read the
 //     current config and stored state (`gateway --check`); a refusal leaves the running slot
 //     alone, not even restarted;
-//   - after: the `version` file names the new slot, the unit restarts, and /readyz must answer
-//     within a timeout; otherwise the file names the old slot again and the unit restarts on it.
+//   - after: the `version` file names the new slot, the unit reloads (its start script hands
+//     over to the new slot's gateway, which serves before the old one stops; a unit without
+//     that restarts), and /readyz must answer from the new gateway within a timeout; otherwise
+//     the file names the old slot again and the unit reloads (or restarts) on it.
 // The success line dstack's server looks for is printed only when the new slot serves.
 //
 // Exit codes: 0 updated (or already at the version), 1 refused or failed before the switch,
@@ -15,6 +17,7 @@ import { closeSync, openSync, readFileSync, unlinkSync, writeSync } from 'node:f
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { writeAtomic } from '../write-atomic.js';
+import type { GatewayOptions } from '../gateway/options.js';
 import { readGatewayConfig, readyUrl } from './gateway-config.js';
 import {
   UPDATE_SUCCESS_LINE,
@@ -32,7 +35,7 @@ import {
 import type { Readiness } from './readiness.js';
 import { waitReady } from './readiness.js';
 import { installIntoSlot, readScriptPins, slotInstallScript } from './slot-install.js';
-import { systemctl, unitFile } from './systemctl.js';
+import { systemctl, unitFile, unitHandsOver } from './systemctl.js';
 
 export const EXIT_REFUSED = 1;
 export const EXIT_ROLLED_BACK = 3;
@@ -49,7 +52,7 @@ export interface HostActions {
   check(slot: Slot): Promise<Outcome>;
   /** Makes `slot` the one the unit starts (the `version` file). */
   activate(slot: Slot): Promise<void>;
-  /** Restarts the unit, and waits until the gateway is ready or the timeout passes. */
+  /** Reloads (hands over) or restarts the unit, and waits until the new gateway is ready or the timeout passes. */
   restartAndWait(): Promise<Outcome>;
 }
 
@@ -227,25 +230,37 @@ export function hostActions(o: RealActionsOptions): HostActions {
     },
     async restartAndWait() {
       // The options as the daemon will read them; a config that no longer parses is a reason too.
+      let options: GatewayOptions;
       let url: string;
       try {
-        url = readyUrl(readGatewayConfig(paths.configFile));
+        options = readGatewayConfig(paths.configFile);
+        url = readyUrl(options);
       } catch (err) {
         return { ok: false, reason: (err as Error).message };
       }
       const started = Date.now();
-      const restarted = await systemctl(settings, ['restart', unitFile(settings)]);
-      if (restarted.exitCode !== 0) {
+      // A unit whose start script hands over (systemctl reload) and the system Nginx: the new
+      // gateway serves before the old one stops. Otherwise (a private Nginx, a unit an older
+      // version installed) the unit restarts.
+      const handOver = options.nginx === 'system' && unitHandsOver(settings);
+      const verb = handOver ? 'reload' : 'restart';
+      const done = await systemctl(settings, [verb, unitFile(settings)]);
+      if (done.exitCode !== 0) {
         // A daemon that dies at once fails the restart itself (how quickly depends on the
         // service manager); it says nothing more than its exit, so the log is where to look.
-        const said = oneLine(restarted.stderr || restarted.stdout);
+        const said = oneLine(done.stderr || done.stdout);
         return {
           ok: false,
-          reason: `systemctl restart ${unitFile(settings)} exited ${restarted.exitCode}${said ? `: ${said}` : ' (its journal says why)'}`,
+          reason: `systemctl ${verb} ${unitFile(settings)} exited ${done.exitCode}${said ? `: ${said}` : ' (its journal says why)'}`,
         };
       }
-      const ready: Readiness = await waitReady(url, o.readyTimeoutMs);
-      if (ready.ready) log(`restarted ${unitFile(settings)} on ${await readActive(root)}: ready in ${seconds(started)}`);
+      // After a reload the old gateway answers /readyz until the new one has its port: only an
+      // answer from a process started since counts.
+      const ready: Readiness = await waitReady(url, o.readyTimeoutMs, undefined, handOver ? started : undefined);
+      if (ready.ready)
+        log(
+          `${handOver ? 'handed over to a new gateway of' : 'restarted'} ${unitFile(settings)} on ${await readActive(root)}: ready in ${seconds(started)}`,
+        );
       return ready.ready
         ? { ok: true }
         : { ok: false, reason: `not ready within ${Math.round(o.readyTimeoutMs / 1000)} s: ${ready.reason}` };

@@ -49,7 +49,7 @@ describe('probes', () => {
     expect((await api(t, { path: '/healthz' })).json).toEqual({ status: 'ok' });
     const ready = await api(t, { path: '/readyz' });
     expect(ready.status).toBe(200);
-    expect(ready.json).toEqual({ status: 'ready' });
+    expect(ready.json).toEqual({ status: 'ready', startedAt: expect.any(Number) as number });
   });
 });
 

@@ -1,7 +1,7 @@
 // The texts host install writes: deterministic, their values checked, and the two scripts run
 // for real by /bin/sh on a scratch root whose slot `node` is a stand-in printing its argv.
 
-import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -26,6 +26,9 @@ describe('renderUnit', () => {
     expect(unit).toContain('After=network-online.target nginx.service\nWants=network-online.target\n');
     for (const line of [
       'ExecStart=/bin/sh /opt/dstack-proxy/start',
+      // A reload hands over to a new gateway; a stop goes to the start script, which waits for the drain.
+      'ExecReload=/bin/kill -HUP $MAINPID',
+      'KillMode=mixed',
       'WorkingDirectory=-/opt/dstack-proxy',
       'Restart=always',
       'RestartSec=2',
@@ -205,6 +208,51 @@ describe('the start and update scripts, run by /bin/sh', () => {
     expect(r.exitCode).toBe(1);
     expect(r.stderr).toContain(`${root}/version holds '../../bin', not blue or green`);
   });
+
+  it('start hands over on SIGHUP: the active slot again with --take-over true; a failed one leaves the old serving', async () => {
+    // Slots whose node logs its start and runs until told to stop; green's take-over fails once.
+    const h = join(t.dir, 'hup');
+    const log = join(h, 'log');
+    for (const slot of ['blue', 'green']) {
+      mkdirSync(join(h, slot), { recursive: true });
+      writeFileSync(
+        join(h, slot, 'node'),
+        `#!/bin/sh\necho "${slot} $$ $*" >>${log}\n` +
+          `case "$*" in *take-over*) if [ ! -f ${h}/failed ]; then : >${h}/failed; exit 1; fi ;; esac\n` +
+          `trap 'echo "${slot} $$ stopped" >>${log}; exit 0' TERM\nwhile :; do sleep 0.05; done\n`,
+      );
+      chmodSync(join(h, slot, 'node'), 0o755);
+    }
+    writeFileSync(join(h, 'start'), renderStartScript(h));
+    const lines = (): string[] => (existsSync(log) ? readFileSync(log, 'utf8').trim().split('\n') : []);
+    const until = async (n: number): Promise<string[]> => {
+      for (let i = 0; i < 200 && lines().length < n; i++) await new Promise((r) => setTimeout(r, 25));
+      return lines();
+    };
+    const sh = execa('/bin/sh', [join(h, 'start')], { reject: false });
+    expect((await until(1))[0]).toMatch(/^blue \d+ .*gateway --config .*config\.yaml$/);
+    writeFileSync(join(h, 'version'), 'green\n');
+    // The first take-over fails: blue goes on, and the script with it.
+    sh.kill('SIGHUP');
+    expect((await until(2))[1]).toMatch(/^green \d+ .* --take-over true$/);
+    await new Promise((r) => setTimeout(r, 200));
+    expect(sh.exitCode).toBeNull();
+    // The second goes through: green runs; the one it took over from is told to stop (as the
+    // gateway does, by its pid), and the script stays with green.
+    sh.kill('SIGHUP');
+    const third = (await until(3))[2]!;
+    expect(third).toMatch(/^green \d+ .* --take-over true$/);
+    const bluePid = Number(lines()[0]!.split(' ')[1]);
+    process.kill(bluePid, 'SIGTERM');
+    expect((await until(4))[3]).toBe(`blue ${bluePid} stopped`);
+    await new Promise((r) => setTimeout(r, 200));
+    expect(sh.exitCode).toBeNull();
+    // A stop reaches the serving gateway, and the script ends with it.
+    sh.kill('SIGTERM');
+    const r = await sh;
+    expect(r.exitCode).toBe(0);
+    expect(lines()[4]).toBe(`green ${third.split(' ')[1]} stopped`);
+  }, 30_000);
 
   it("update runs the active slot's host update with the root and the arguments", async () => {
     writeFileSync(join(root, 'version'), 'green\n');

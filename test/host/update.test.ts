@@ -350,6 +350,28 @@ async function installHost(
   return r;
 }
 
+/** Requests one after another until stop(): how many got 200, and what the others got. */
+function steadyLoad(get: () => Promise<number>): { stop: () => Promise<{ ok: number; failed: string[] }> } {
+  let running = true;
+  let ok = 0;
+  const failed: string[] = [];
+  const loop = (async () => {
+    while (running) {
+      const status = await get().catch((err: unknown) => `error ${String(err)}`);
+      if (status === 200) ok++;
+      else failed.push(String(status));
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  })();
+  return {
+    stop: async () => {
+      running = false;
+      await loop;
+      return { ok, failed };
+    },
+  };
+}
+
 describe('host update and rollback on an installed host', { timeout: 900_000 }, () => {
   let work: string;
   let root: string;
@@ -468,12 +490,20 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     if (work) rmSync(work, { recursive: true, force: true });
   });
 
-  it('updates to another version: the other slot serves, state and certificates kept, Nginx not reloaded', async () => {
+  it('updates to another version: the other slot serves, no request dropped, state and certificates kept, Nginx not reloaded', async () => {
     const before = listenerPid(apiPort);
     const workers = childPids(masterPid());
     expect(before).toBeGreaterThan(0);
+    // A steady client through Nginx for the whole update: the new gateway takes over from the old.
+    const load = steadyLoad(serves);
     const r = await update(tarballs.next, '0.1.1');
-    console.log(`update to 0.1.1: ${r.ms} ms (exit ${r.code})\n${r.stdout}`);
+    const seen = await load.stop();
+    console.log(
+      `update to 0.1.1: ${r.ms} ms (exit ${r.code}); ${seen.ok} requests answered, failed: ${JSON.stringify(seen.failed)}\n${r.stdout}`,
+    );
+    expect(seen.failed).toEqual([]);
+    expect(seen.ok).toBeGreaterThan(20);
+    expect(r.stdout).toContain('handed over to a new gateway of dstack-proxy-test.service on green');
     expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(0);
     expect(r.stdout).toContain(`dstack-proxy 0.1.1 is running in green (previous: blue ${baseVersion})`);
     expect(r.stdout.trim().split('\n').at(-1)).toBe(UPDATE_SUCCESS_LINE);
@@ -532,9 +562,14 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     expect(listenerPid(apiPort)).toBe(before);
   });
 
-  it('rolls back a package whose daemon does not start: exit 3, the previous slot serves again', async () => {
+  it('rolls back a package whose daemon does not start: exit 3, the previous slot serves throughout', async () => {
+    const load = steadyLoad(serves);
     const r = await update(tarballs.brokenDaemon, '0.1.3', 10);
-    console.log(`update to a broken daemon, rolled back: ${r.ms} ms (exit ${r.code})`);
+    const seen = await load.stop();
+    console.log(
+      `update to a broken daemon, rolled back: ${r.ms} ms (exit ${r.code}); ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}`,
+    );
+    expect(seen.failed).toEqual([]);
     expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(3);
     expect(r.stdout).not.toContain(UPDATE_SUCCESS_LINE);
     const lines = r.stderr.trim().split('\n');
@@ -546,6 +581,22 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     expect(await readyz()).toBe(200);
     expect(await serves()).toBe(200);
     expect(storedMeta()).toEqual(generationHash);
+  });
+
+  it('systemctl reload restarts the gateway by a take-over: no request dropped', async () => {
+    const before = listenerPid(apiPort);
+    const load = steadyLoad(serves);
+    const r = await run([...settings.systemctl, 'reload', `${settings.unitName}.service`], 60_000);
+    expect(r.code, r.stderr).toBe(0);
+    await eventually(async () => {
+      const pid = listenerPid(apiPort);
+      return pid > 0 && pid !== before && (await readyz()) === 200 ? true : undefined;
+    }, 60_000);
+    await new Promise((res) => setTimeout(res, 300));
+    const seen = await load.stop();
+    console.log(`systemctl reload: ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}`);
+    expect(seen.failed).toEqual([]);
+    expect(seen.ok).toBeGreaterThan(10);
   });
 
   it('host rollback switches to the other slot when it holds a package that runs', async () => {
