@@ -17,6 +17,7 @@ import { gatewayAuth, gatewayRoutes } from '../gateway/routes.js';
 import { ENTRYPOINT_KEY_HEADER, fileFirstSeenStore, observeModels } from '../models/index.js';
 import type { Controller } from '../reconcilers/controller.js';
 import { NGINX_LOOP, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
+import { SSH_LOOP } from '../reconcilers/ssh/index.js';
 import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
 import type { SshLoop } from '../reconcilers/ssh/index.js';
 import { openWatchedFileStore } from '../state/watched-file-store.js';
@@ -53,6 +54,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let host!: GatewayHost;
   let loops!: ReturnType<typeof gatewayLoops>;
   const stateDir = resolve(options.stateDir);
+  let controller!: Pick<Controller, 'statuses'>;
   /** The gateway this one takes over from (--take-over true), found serving this state dir at start. */
   let predecessor: { pid: number | null } | undefined;
   // Both touch nothing until used.
@@ -85,6 +87,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     // A corrupt state.json fails here, before anything else is touched.
     store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }),
     async loops(d) {
+      controller = { statuses: () => d.controller.statuses() };
       host = await prepareGatewayHost(options, logger, () => d.controller.notify());
       // Taking over: the shared socket is bound beside the running gateway's, and Nginx is
       // pointed at it once this process serves the document (takeOver below).
@@ -111,6 +114,9 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     },
     takingOver: () => predecessor !== undefined,
     async takeOver() {
+      // Its own tunnels first: a replica still making its first connection here is one only
+      // the old process can serve yet (a settled pass has started them, not waited for them).
+      await firstConnections(() => controller.statuses().loops[SSH_LOOP]?.objects ?? {}, TUNNELS_WAIT_MS);
       await loops.ssh.balancer.publish();
       const pid = predecessor!.pid;
       logger.info({ pid }, 'took the data plane over; telling the gateway taken over from to stop');
@@ -162,4 +168,18 @@ async function findPredecessor(options: GatewayOptions, logger: Logger): Promise
     'DP_ERR_ALREADY_SERVED',
     `another gateway${live.pid === null ? '' : ` (pid ${live.pid})`} serves ${resolve(options.stateDir)}: stop it first, or start this one with --take-over true to take over from it without dropping a request`,
   );
+}
+
+/** How long a take-over waits for its tunnels' first connections before it serves anyway. */
+const TUNNELS_WAIT_MS = 30_000;
+
+/** Until no replica's tunnel is making its first connection (reason Connecting), or `ms` passed. */
+async function firstConnections(
+  objects: () => Record<string, { conditions: readonly { type: string; reason?: string }[] }>,
+  ms: number,
+): Promise<void> {
+  const until = Date.now() + ms;
+  const connecting = (): boolean =>
+    Object.values(objects()).some((o) => o.conditions.some((c) => c.type === 'Ready' && c.reason === 'Connecting'));
+  while (connecting() && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
 }

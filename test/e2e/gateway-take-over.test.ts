@@ -1,8 +1,10 @@
 // A gateway taking over from the one running on the same state dir (`gateway --take-over true`),
 // both real processes (dist/src/cli.js) over the operator's Nginx (system mode, daemonised, its
 // own master): the new one converges beside the old, points Nginx's data-plane socket at itself,
-// tells the old one to stop, and listens on its API port. A steady client through Nginx gets
-// every answer, and a stream open on the old process runs to its end while the old one drains.
+// tells the old one to stop, and listens on its API port. A steady client through Nginx to a
+// direct replica and to one behind a real sshd gets every answer (the new process has its own
+// tunnels up before it is served), and a stream open on the old process runs to its end while
+// the old one drains.
 
 import { spawn } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
@@ -18,6 +20,7 @@ import { api } from '../helpers/gateway.js';
 import { request } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePorts } from '../helpers/ports.js';
+import { generateKey, startSshd, type ClientKey, type TestSshd } from '../helpers/sshd.js';
 import { directReplica, integrationDoc } from './integration-harness.js';
 
 /** Events the stream sends, one every STREAM_EVERY_MS: it outlives the hand-over, not the drain. */
@@ -29,6 +32,8 @@ let confPath: string;
 let replica: Server;
 let replicaPort: number;
 let ports: CliGatewayPorts;
+let key: ClientKey;
+let sshd: TestSshd;
 const gateways: CliGateway[] = [];
 
 beforeAll(async () => {
@@ -57,10 +62,13 @@ beforeAll(async () => {
   replicaPort = (replica.address() as { port: number }).port;
   const [apiPort, httpPort, httpsPort] = (await freePorts(3)) as [number, number, number];
   ports = { apiPort, httpPort, httpsPort };
+  key = generateKey(join(dir, 'project_ed25519'));
+  sshd = await startSshd({ dir: join(dir, 'sshd'), authorizedKeys: [key.publicKey] });
 }, 30_000);
 
 afterAll(async () => {
   for (const g of gateways) await g.kill();
+  await sshd?.stop();
   await execa('/usr/sbin/nginx', ['-s', 'stop', '-p', join(dir, 'nginx'), '-c', confPath], { reject: false });
   replica?.closeAllConnections();
   await new Promise((r) => replica?.close(r));
@@ -86,7 +94,7 @@ function gatewayArgs(extra: string[] = []): string[] {
   ];
 }
 
-const get = (path = '/') => request({ port: ports.httpPort, host: 'svc.gw.test', path, localAddress: '127.0.0.2' });
+const get = (path = '/', host = 'svc.gw.test') => request({ port: ports.httpPort, host, path, localAddress: '127.0.0.2' });
 
 /** A stream through Nginx: resolves with its events once it ends, or rejects if it breaks. */
 function stream(): Promise<string[]> {
@@ -118,10 +126,23 @@ describe('gateway --take-over true', () => {
     const put = await api(ports, {
       method: 'PUT',
       path: '/api/v1/state',
-      body: integrationDoc({ services: [{ run: 'svc', domain: 'svc.gw.test', replicas: [directReplica('r0', replicaPort)] }] }),
+      body: integrationDoc({
+        sshPrivateKey: key.privateKey,
+        services: [
+          { run: 'svc', domain: 'svc.gw.test', replicas: [directReplica('r0', replicaPort)] },
+          {
+            run: 'tunnel',
+            domain: 'tunnel.gw.test',
+            replicas: [{ id: 't0', appPort: replicaPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }],
+          },
+        ],
+      }),
     });
     expect(put.status).toBe(200);
-    await eventually(async () => ((await get()).status === 200 ? true : undefined), 20_000);
+    await eventually(
+      async () => ((await get()).status === 200 && (await get('/', 'tunnel.gw.test')).status === 200 ? true : undefined),
+      20_000,
+    );
     const link = join(dir, 'state-nginx', 'sockets', 'dataplane.sock');
     expect(await readlink(link)).toMatch(new RegExp(`^instances/${a.child.pid}\\.`));
 
@@ -132,14 +153,16 @@ describe('gateway --take-over true', () => {
     let steady = true;
     const client = (async () => {
       let last = performance.now();
+      let n = 0;
       while (steady) {
-        const r = await get().catch((err: unknown) => ({ status: 0, body: String(err) }));
+        const host = n++ % 2 === 0 ? 'svc.gw.test' : 'tunnel.gw.test';
+        const r = await get('/', host).catch((err: unknown) => ({ status: 0, body: String(err) }));
         const now = performance.now();
         if (r.status === 200) {
           answered++;
           longestGapMs = Math.max(longestGapMs, now - last);
           last = now;
-        } else failures.push(`${r.status} ${r.body.slice(0, 200)}`);
+        } else failures.push(`${host} ${r.status} ${r.body.slice(0, 200)}`);
         await new Promise((res) => setTimeout(res, 5));
       }
     })();

@@ -350,16 +350,22 @@ async function installHost(
   return r;
 }
 
-/** Requests one after another until stop(): how many got 200, and what the others got. */
-function steadyLoad(get: () => Promise<number>): { stop: () => Promise<{ ok: number; failed: string[] }> } {
+/** Requests one after another until stop(): how many got 200, what the others got, the longest wait between two 200s. */
+function steadyLoad(get: () => Promise<number>): { stop: () => Promise<{ ok: number; failed: string[]; longestGapMs: number }> } {
   let running = true;
   let ok = 0;
+  let longestGapMs = 0;
+  let last = performance.now();
   const failed: string[] = [];
   const loop = (async () => {
     while (running) {
       const status = await get().catch((err: unknown) => `error ${String(err)}`);
-      if (status === 200) ok++;
-      else failed.push(String(status));
+      if (status === 200) {
+        ok++;
+        const now = performance.now();
+        longestGapMs = Math.max(longestGapMs, now - last);
+        last = now;
+      } else failed.push(String(status));
       await new Promise((r) => setTimeout(r, 10));
     }
   })();
@@ -367,7 +373,7 @@ function steadyLoad(get: () => Promise<number>): { stop: () => Promise<{ ok: num
     stop: async () => {
       running = false;
       await loop;
-      return { ok, failed };
+      return { ok, failed, longestGapMs: Math.round(longestGapMs) };
     },
   };
 }
@@ -499,7 +505,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     const r = await update(tarballs.next, '0.1.1');
     const seen = await load.stop();
     console.log(
-      `update to 0.1.1: ${r.ms} ms (exit ${r.code}); ${seen.ok} requests answered, failed: ${JSON.stringify(seen.failed)}\n${r.stdout}`,
+      `update to 0.1.1: ${r.ms} ms (exit ${r.code}); ${seen.ok} requests answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms\n${r.stdout}`,
     );
     expect(seen.failed).toEqual([]);
     expect(seen.ok).toBeGreaterThan(20);
@@ -567,7 +573,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     const r = await update(tarballs.brokenDaemon, '0.1.3', 10);
     const seen = await load.stop();
     console.log(
-      `update to a broken daemon, rolled back: ${r.ms} ms (exit ${r.code}); ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}`,
+      `update to a broken daemon, rolled back: ${r.ms} ms (exit ${r.code}); ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms`,
     );
     expect(seen.failed).toEqual([]);
     expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(3);
@@ -594,7 +600,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     }, 60_000);
     await new Promise((res) => setTimeout(res, 300));
     const seen = await load.stop();
-    console.log(`systemctl reload: ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}`);
+    console.log(`systemctl reload: ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms`);
     expect(seen.failed).toEqual([]);
     expect(seen.ok).toBeGreaterThan(10);
   });
