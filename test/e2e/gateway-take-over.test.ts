@@ -8,6 +8,7 @@
 
 import { spawn } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
+import { connect, type Socket } from 'node:net';
 import { chmod, mkdtemp, readlink, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -58,6 +59,12 @@ beforeAll(async () => {
     }, STREAM_EVERY_MS);
     res.on('close', () => clearInterval(timer));
   });
+  // An upgraded connection: 101, then every byte echoed back.
+  replica.on('upgrade', (_req, socket: Socket) => {
+    socket.on('error', () => socket.destroy());
+    socket.write('HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n');
+    socket.pipe(socket);
+  });
   await new Promise<void>((r) => replica.listen(0, '127.0.0.1', r));
   replicaPort = (replica.address() as { port: number }).port;
   const [apiPort, httpPort, httpsPort] = (await freePorts(3)) as [number, number, number];
@@ -75,6 +82,9 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
+/** The drain period the gateways get: an upgraded connection holds the old one this long. */
+const DRAIN_S = 4;
+
 function gatewayArgs(extra: string[] = []): string[] {
   const prefix = join(dir, 'nginx');
   return [
@@ -89,7 +99,7 @@ function gatewayArgs(extra: string[] = []): string[] {
     '--test-command',
     `/usr/sbin/nginx -t -q -p ${prefix}`,
     '--drain-period',
-    '10',
+    String(DRAIN_S),
     ...extra,
   ];
 }
@@ -218,4 +228,37 @@ describe('gateway --take-over true', () => {
     expect(b.child.exitCode).toBeNull();
     console.log(`take-over: ${answered} answers, none failed, longest gap ${longestGapMs.toFixed(0)} ms`);
   }, 120_000);
+
+  it('keeps an upgraded connection open on the old process until its drain period ends', async () => {
+    const current = gateways.at(-1)!;
+    const link = join(dir, 'state-nginx', 'sockets', 'dataplane.sock');
+    expect(await readlink(link)).toMatch(new RegExp(`^instances/${current.child.pid}\\.`));
+    // An upgraded connection through Nginx to the replica, on the serving gateway.
+    const ws = connect({ host: '127.0.0.1', port: ports.httpPort, localAddress: '127.0.0.2' });
+    let got = '';
+    let closedAt = 0;
+    ws.on('data', (d: Buffer) => (got += d.toString('latin1')));
+    ws.on('error', () => undefined);
+    ws.once('close', () => (closedAt = performance.now()));
+    ws.write('GET /ws HTTP/1.1\r\nHost: svc.gw.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n');
+    await eventually(() => (got.includes('\r\n\r\n') ? true : undefined), 10_000);
+    expect(got).toMatch(/^HTTP\/1\.1 101 /);
+
+    const next = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs(['--take-over', 'true']), waitReady: false });
+    gateways.push(next);
+    await eventually(async () => ((await readlink(link)).startsWith(`instances/${next.child.pid}.`) ? true : undefined), 60_000);
+    const switched = performance.now();
+    // Still through the old process: it echoes.
+    got = '';
+    ws.write('still there');
+    await eventually(() => (got === 'still there' ? true : undefined), 5_000);
+    const code = await new Promise<number | null>((res) =>
+      current.child.exitCode !== null ? res(current.child.exitCode) : current.child.once('exit', (c) => res(c)),
+    );
+    expect(code).toBe(0);
+    await eventually(() => (closedAt > 0 ? true : undefined), 5_000);
+    // Cut when the drain period ended, not before (a little slack for the signal's way).
+    expect(closedAt - switched).toBeGreaterThan(DRAIN_S * 1000 - 500);
+    expect((await get()).status).toBe(200);
+  }, 60_000);
 });
