@@ -88,6 +88,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }),
     async loops(d) {
       controller = { statuses: () => d.controller.statuses() };
+      // Closed after the loops: a data plane still draining checks tokens with it.
+      d.defer(() => auth.close());
       host = await prepareGatewayHost(options, logger, () => d.controller.notify());
       // Taking over: the shared socket is bound beside the running gateway's, and Nginx is
       // pointed at it once this process serves the document (takeOver below).

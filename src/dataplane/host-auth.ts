@@ -2,7 +2,8 @@
 // server relays by Host (before that site is served): check the token of an `auth: true` service
 // with the control server, and give an OpenAI-format model's endpoint its CORS. The answers are
 // the site's: 401/403/503 with the auth target's words, a preflight answered with 204, the CORS
-// headers on every answer, and none of these counted as a replica hit (HIT_HEADER).
+// headers on every answer, and none of these counted as a replica hit (HIT_HEADER). A site's own
+// token check (its auth_request, AUTH_CHECK_PREFIX) is answered here too, with the status alone.
 
 import { STATUS_CODES } from 'node:http';
 import { MODEL_CORS_HEADERS, MODEL_CORS_METHODS, MODEL_CORS_ORIGIN } from '../spec/cors.js';
@@ -41,4 +42,19 @@ export function refusalAnswer(decision: Exclude<HostDecision, 'allow'>, project:
     `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
     `${keepAlive ? '' : 'Connection: close\r\n'}\r\n${body}`
   );
+}
+
+/** The answer to a site's token check (auth_request): its status is all Nginx reads, and 401's WWW-Authenticate. */
+export function checkAnswer(decision: HostDecision, keepAlive: boolean): string {
+  const close = keepAlive ? '' : 'Connection: close\r\n';
+  switch (decision) {
+    case 'allow':
+      return `HTTP/1.1 200 OK\r\nContent-Length: 0\r\n${close}\r\n`;
+    case 'unauthenticated':
+      return `HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Length: 0\r\n${close}\r\n`;
+    case 'deny':
+      return `HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n${close}\r\n`;
+    case 'unavailable':
+      return `HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n${close}\r\n`;
+  }
 }

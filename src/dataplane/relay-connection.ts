@@ -34,8 +34,8 @@ import { parseRequestHead, type RequestHead } from '../http1/request-head.js';
 import { detailResponse } from './detail.js';
 import { DataPlaneError, statusFor } from './errors.js';
 import type { Replicas } from './replicas.js';
-import { CORS_LINES, preflightAnswer, refusalAnswer, type HostAuthorize, type HostDecision } from './host-auth.js';
-import { BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
+import { checkAnswer, CORS_LINES, preflightAnswer, refusalAnswer, type HostAuthorize, type HostDecision } from './host-auth.js';
+import { AUTH_CHECK_PREFIX, BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
 import { splice } from './splice.js';
 
 /** What a relayed connection reports to its balancer. */
@@ -155,6 +155,7 @@ export class RelayConnection {
         const a = statusFor(new DataPlaneError('DP_ERR_BAD_REQUEST', SERVICE_HEADER_PROBLEM), '');
         return this.#close(detailResponse(a.status, a.detail, false));
       }
+      if (service.startsWith(AUTH_CHECK_PREFIX)) return this.#authCheck(head, service.slice(AUTH_CHECK_PREFIX.length));
       if (service === BY_HOST) {
         const routed = this.replicas.routeForHost(hostOf(head.rawHeaders));
         if (routed === undefined) return this.#unknownHost(head);
@@ -211,6 +212,25 @@ export class RelayConnection {
       { method: head.method, path: head.target, headers: forwardHeaders(head.rawHeaders), body, validated: true },
       req,
     );
+  }
+
+  /**
+   * A site's token check (its auth_request): answered with the control server's word once it
+   * comes; the connection reads nothing more meanwhile. A check has no body: one that says
+   * otherwise is answered and the connection closed.
+   */
+  #authCheck(head: RequestHead, project: string): void {
+    const authorize = this.hostAuth;
+    const answer = (d: HostDecision): void => this.#answerHere(head, checkAnswer(d, true), checkAnswer(d, false));
+    if (authorize === undefined) return answer('unavailable');
+    this.#checking = true;
+    const done = (d: HostDecision): void => {
+      this.#checking = false;
+      if (this.#done) return;
+      answer(d);
+      if (this.socket.isPaused() && !this.#done) this.socket.resume();
+    };
+    void authorize(project, headerValue(head.rawHeaders, 'authorization')).then(done, () => done('unavailable'));
   }
 
   /**
@@ -693,6 +713,8 @@ const SERVICE_HEADER_LOWER = SERVICE_HEADER.toLowerCase();
 const SERVICE_HEADER_PROBLEM = `a request on the shared data-plane socket needs exactly one ${SERVICE_HEADER} header`;
 /** `<project>/<run>` as the document's names allow them (src/spec/schema.ts): nothing else is looked up or echoed. */
 const SERVICE_KEY = /^[A-Za-z0-9_-]{1,64}\/[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/;
+/** A site's token check names the project: the first half of a service key. */
+const AUTH_CHECK = new RegExp(`^${AUTH_CHECK_PREFIX}[A-Za-z0-9_-]{1,64}$`);
 
 /**
  * The service a request on the shared socket names, its header taken out of `raw` in place (no
@@ -712,7 +734,7 @@ function takeService(raw: string[]): string | null {
   const value = raw[at + 1]!;
   raw.copyWithin(at, at + 2);
   raw.length -= 2;
-  return value === BY_HOST || SERVICE_KEY.test(value) ? value : null;
+  return value === BY_HOST || SERVICE_KEY.test(value) || AUTH_CHECK.test(value) ? value : null;
 }
 
 /** A request head as text again, from its parsed parts (the header list as it is now). */

@@ -50,3 +50,10 @@ export const UNKNOWN_HOST_LOCATION = '@dstack_unknown_host';
  * service site would not count as a replica hit. The default server logs it so, and hides it.
  */
 export const HIT_HEADER = 'X-Dstack-Proxy-Hit';
+
+/**
+ * The SERVICE_HEADER value of a service site's token check (its auth_request), followed by the
+ * project: answered by the data plane with the control server's word (200, 401, 403, 503), on
+ * the same kept-alive socket as the requests, which a take-over moves without a gap.
+ */
+export const AUTH_CHECK_PREFIX = 'auth-check:';

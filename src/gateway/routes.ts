@@ -56,7 +56,6 @@ export function gatewayRoutes(
   }: { host: GatewayHost; loops: GatewayLoops; stats: StatsCollector; firstSeen: FirstSeenStore; auth: AuthProvider },
 ): RouteModule[] {
   const clock = d.clock ? { clock: d.clock } : {};
-  d.defer(() => auth.close());
   // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
   // per client and counted like any other request, on the internal listener (no auth_request
   // there: the model API checks the token itself).

@@ -213,4 +213,25 @@ describe("the data plane in a by-host site's place", () => {
     expect(r.heads[0]).toContain('X-Dstack-Proxy-Hit: 0');
     expect(seen.map((s) => s.method)).toEqual(['GET', 'GET']); // no preflight reached the replica
   });
+
+  it("answers a site's token check (its auth_request) with the control server's word, on a kept-alive connection", async () => {
+    const check = (token?: string): string =>
+      `GET /_dstack_auth HTTP/1.1\r\nHost: any.test\r\n${SERVICE_HEADER}: auth-check:main\r\n${token ? `Authorization: Bearer ${token}\r\n` : ''}\r\n`;
+    const r = await session([check('good'), check(), check('bad'), check('good')], 4, (a) => (a === 'Bearer good' ? 'allow' : MEMBER(a)));
+    expect(r.closed).toBe(false);
+    expect(r.heads.map((h) => h.slice(0, h.indexOf('\r\n')))).toEqual([
+      'HTTP/1.1 200 OK',
+      'HTTP/1.1 401 Unauthorized',
+      'HTTP/1.1 403 Forbidden',
+      'HTTP/1.1 200 OK',
+    ]);
+    expect(r.heads[1]).toContain('WWW-Authenticate: Bearer');
+    expect(seen).toEqual([]); // no replica asked
+    // Nobody could say: 503, which auth_request turns into a 500, never a pass.
+    const down = await session([check('good')], 1, () => new Error('down'));
+    expect(down.heads[0]).toMatch(/^HTTP\/1\.1 503 /);
+    // A project name that could not be one is refused as a bad request.
+    const bad = await session([check('good').replace('auth-check:main', 'auth-check:../x')], 1, MEMBER);
+    expect(bad.heads[0]).toMatch(/^HTTP\/1\.1 400 /);
+  });
 });

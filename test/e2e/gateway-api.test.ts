@@ -249,14 +249,18 @@ describe('API token', () => {
 });
 
 describe('API port 0', () => {
-  it('renders the port the API actually listens on into auth_request', async () => {
+  it('renders the port the API actually listens on into the model API entrypoint', async () => {
     const t0 = await startTestGateway({ apiPort0: true });
     try {
       expect(t0.apiPort).toBeGreaterThan(0);
-      const r = await putState(t0, gatewayDoc([{ run: 'guarded', auth: true, ports: [echoPort] }]));
+      const doc = gatewayDoc([{ run: 'guarded', auth: true, ports: [echoPort] }]);
+      (doc.spec as Record<string, unknown>).entrypoints = [{ project: 'main', domain: 'models.gw.test' }];
+      const r = await putState(t0, doc);
       expect(r.status, r.body).toBe(200);
-      const text = await readFile(siteFile(t0, 'guarded.gw.test'), 'utf8');
-      expect(text).toContain(`proxy_pass http://127.0.0.1:${t0.apiPort}/api/auth/main;`);
+      const text = await readFile(siteFile(t0, 'models.gw.test'), 'utf8');
+      expect(text).toContain(`proxy_pass http://127.0.0.1:${t0.apiPort}/api/models/main/;`);
+      // A service's token check goes to the data plane, not the API port.
+      expect(await readFile(siteFile(t0, 'guarded.gw.test'), 'utf8')).toContain('proxy_set_header X-Dstack-Proxy-Service auth-check:main;');
     } finally {
       await t0.cleanup();
     }

@@ -2,9 +2,10 @@
 // both real processes (dist/src/cli.js) over the operator's Nginx (system mode, daemonised, its
 // own master): the new one converges beside the old, points Nginx's data-plane socket at itself,
 // tells the old one to stop, and listens on its API port. A steady client through Nginx to a
-// direct replica and to one behind a real sshd gets every answer (the new process has its own
-// tunnels up before it is served), and a stream open on the old process runs to its end while
-// the old one drains.
+// direct replica, to one behind a real sshd (the new process has its own tunnels up before it
+// is served) and to an `auth: true` service (the token check goes to the data plane, not to the
+// API port that changes hands) gets every answer, and a stream open on the old process runs to
+// its end while the old one drains.
 
 import { spawn } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
@@ -22,7 +23,10 @@ import { request } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePorts } from '../helpers/ports.js';
 import { generateKey, startSshd, type ClientKey, type TestSshd } from '../helpers/sshd.js';
-import { directReplica, integrationDoc } from './integration-harness.js';
+import { directReplica, integrationDoc, startControlServer, type ControlServer } from './integration-harness.js';
+
+/** A direct replica, one behind sshd, and one whose token the control server checks. */
+const HOSTS = ['svc.gw.test', 'tunnel.gw.test', 'guarded.gw.test'];
 
 /** Events the stream sends, one every STREAM_EVERY_MS: it outlives the hand-over, not the drain. */
 const STREAM_EVENTS = 20;
@@ -35,6 +39,9 @@ let replicaPort: number;
 let ports: CliGatewayPorts;
 let key: ClientKey;
 let sshd: TestSshd;
+/** dstack's server, for the token check of the `auth: true` service. */
+let control: ControlServer;
+const TOKEN = 'member-token-0123456789';
 const gateways: CliGateway[] = [];
 
 beforeAll(async () => {
@@ -71,11 +78,13 @@ beforeAll(async () => {
   ports = { apiPort, httpPort, httpsPort };
   key = generateKey(join(dir, 'project_ed25519'));
   sshd = await startSshd({ dir: join(dir, 'sshd'), authorizedKeys: [key.publicKey] });
+  control = await startControlServer({ main: [TOKEN] });
 }, 30_000);
 
 afterAll(async () => {
   for (const g of gateways) await g.kill();
   await sshd?.stop();
+  await control?.close();
   await execa('/usr/sbin/nginx', ['-s', 'stop', '-p', join(dir, 'nginx'), '-c', confPath], { reject: false });
   replica?.closeAllConnections();
   await new Promise((r) => replica?.close(r));
@@ -100,11 +109,14 @@ function gatewayArgs(extra: string[] = []): string[] {
     `/usr/sbin/nginx -t -q -p ${prefix}`,
     '--drain-period',
     String(DRAIN_S),
+    '--server-url',
+    control.url,
     ...extra,
   ];
 }
 
-const get = (path = '/', host = 'svc.gw.test') => request({ port: ports.httpPort, host, path, localAddress: '127.0.0.2' });
+const get = (path = '/', host = 'svc.gw.test') =>
+  request({ port: ports.httpPort, host, path, localAddress: '127.0.0.2', headers: { authorization: `Bearer ${TOKEN}` } });
 
 /** A stream through Nginx: resolves with its events once it ends, or rejects if it breaks. */
 function stream(): Promise<string[]> {
@@ -140,6 +152,7 @@ describe('gateway --take-over true', () => {
         sshPrivateKey: key.privateKey,
         services: [
           { run: 'svc', domain: 'svc.gw.test', replicas: [directReplica('r0', replicaPort)] },
+          { run: 'guarded', domain: 'guarded.gw.test', auth: true, replicas: [directReplica('g0', replicaPort)] },
           {
             run: 'tunnel',
             domain: 'tunnel.gw.test',
@@ -165,7 +178,7 @@ describe('gateway --take-over true', () => {
       let last = performance.now();
       let n = 0;
       while (steady) {
-        const host = n++ % 2 === 0 ? 'svc.gw.test' : 'tunnel.gw.test';
+        const host = HOSTS[n++ % HOSTS.length]!;
         const r = await get('/', host).catch((err: unknown) => ({ status: 0, body: String(err) }));
         const now = performance.now();
         if (r.status === 200) {

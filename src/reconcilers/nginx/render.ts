@@ -23,7 +23,7 @@
 // Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
 // X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
-import { BY_HOST, HIT_HEADER, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from '../../dataplane/service-header.js';
+import { AUTH_CHECK_PREFIX, BY_HOST, HIT_HEADER, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from '../../dataplane/service-header.js';
 import { MODEL_CORS_HEADERS, MODEL_CORS_METHODS, MODEL_CORS_ORIGIN } from '../../spec/cors.js';
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
@@ -348,14 +348,7 @@ function renderServiceSite(v: ServiceSiteView): string {
     body.push(
       '',
       '# auth_request target: 2xx lets the request through, 401/403 are returned to the client.',
-      ...block(`location = ${AUTH_LOCATION}`, [
-        'internal;',
-        `proxy_pass ${v.authUrl};`,
-        'proxy_pass_request_body off;',
-        'proxy_set_header Content-Length "";',
-        'proxy_set_header X-Original-URI $request_uri;',
-        'proxy_set_header Authorization $http_authorization;',
-      ]),
+      ...block(`location = ${AUTH_LOCATION}`, authTarget(v, v.authUrl)),
     );
   }
 
@@ -369,6 +362,36 @@ function renderServiceSite(v: ServiceSiteView): string {
   l.push(...block('server', body));
   if (v.listenInternal) l.push('', ...internalServer(v, v.listenInternal));
   return text(l);
+}
+
+/**
+ * Where a site's token check goes. On the shared data-plane socket, answered there (its pool is
+ * kept alive, and a gateway taking over from another moves it without a gap); otherwise the
+ * API's auth route.
+ */
+function authTarget(v: ServiceSiteView, authUrl: string): Lines {
+  if (!v.upstream || !('shared' in v.upstream)) {
+    return [
+      'internal;',
+      `proxy_pass ${authUrl};`,
+      'proxy_pass_request_body off;',
+      'proxy_set_header Content-Length "";',
+      'proxy_set_header X-Original-URI $request_uri;',
+      'proxy_set_header Authorization $http_authorization;',
+    ];
+  }
+  const project = v.serviceKey.slice(0, v.serviceKey.indexOf('/'));
+  return [
+    'internal;',
+    `proxy_pass http://${v.upstream.name};`,
+    'proxy_http_version 1.1;',
+    'proxy_set_header Connection "";',
+    'proxy_pass_request_body off;',
+    'proxy_set_header Content-Length "";',
+    'proxy_set_header Host $host;',
+    'proxy_set_header Authorization $http_authorization;',
+    `proxy_set_header ${SERVICE_HEADER} ${quote(`${AUTH_CHECK_PREFIX}${project}`)};`,
+  ];
 }
 
 /**
