@@ -95,6 +95,9 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       // pointed at it once this process serves the document (takeOver below).
       const loopDeps = predecessor ? { ...deps, ssh: { ...deps.ssh, handOver: true } } : deps;
       loops = gatewayLoops(options, host, () => d.current().generation, loopDeps, auth);
+      // The data-plane socket before anything can name a service: a host the document has
+      // just brought in reaches it (404 until the data plane has it), never a missing path.
+      await loops.ssh.balancer.listenShared();
       return [loops.ssh, loops.tls, loops.nginx];
     },
     planNotes: (loop, kinds) => (loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined),

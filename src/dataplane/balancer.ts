@@ -164,27 +164,35 @@ export class Balancer {
     return failed;
   }
 
-  /** The shared socket bound (once, joined while in flight), then the services recorded as served. */
+  /**
+   * Binds the shared socket now (once; joined while in flight), before any service needs it:
+   * a daemon does this at start, so Nginx never finds the path missing (a 502) for a service
+   * the document has just brought in.
+   */
+  listenShared(): Promise<void> {
+    if (this.#shared !== null) return Promise.resolve();
+    let binding = this.#binding.get('');
+    if (!binding) {
+      binding = (async () => {
+        await this.#removeStaleInstances();
+        await mkdir(join(this.#o.socketDir, INSTANCES_DIR, this.#instance), { recursive: true, mode: 0o755 });
+        this.#shared = await this.#bind(null);
+        if (!this.#o.handOver) await this.publish();
+      })().finally(() => this.#binding.delete(''));
+      this.#binding.set('', binding);
+    }
+    return binding;
+  }
+
+  /** The shared socket bound, then the services recorded as served. */
   async #serve(serviceKeys: readonly string[]): Promise<Map<string, unknown>> {
     const failed = new Map<string, unknown>();
     if (serviceKeys.length === 0) return failed;
-    if (this.#shared === null) {
-      let binding = this.#binding.get('');
-      if (!binding) {
-        binding = (async () => {
-          await this.#removeStaleInstances();
-          await mkdir(join(this.#o.socketDir, INSTANCES_DIR, this.#instance), { recursive: true, mode: 0o755 });
-          this.#shared = await this.#bind(null);
-          if (!this.#o.handOver) await this.publish();
-        })().finally(() => this.#binding.delete(''));
-        this.#binding.set('', binding);
-      }
-      try {
-        await binding;
-      } catch (err) {
-        for (const k of serviceKeys) failed.set(k, err);
-        return failed;
-      }
+    try {
+      await this.listenShared();
+    } catch (err) {
+      for (const k of serviceKeys) failed.set(k, err);
+      return failed;
     }
     for (const k of serviceKeys) this.#served.add(k);
     return failed;
