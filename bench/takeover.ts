@@ -1,15 +1,18 @@
 // Hand-over rows: a gateway with 100 services over the operator's Nginx (system mode, its own
 // daemonised master on free ports of 127.0.0.1), a steady load through Nginx to all of them,
-// and the gateway replaced twice while it runs: by `gateway --take-over true` started beside it,
-// and, as the baseline, by stopping it and starting a new one (what a restart of the unit does).
-// Counted: requests that failed, and the longest time between two answers.
+// and the gateway replaced while it runs: by `gateway --take-over true` started beside it, and,
+// as the baseline, by stopping it and starting a new one (what dstack's update and a restart of
+// its unit do). Then the same through an installed host's start script: an update, a rollback,
+// a restart and a crash. Counted: requests that failed, and the longest time between two answers.
 
 import { spawn, type ChildProcess } from 'node:child_process';
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { readlink } from 'node:fs/promises';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
+import { CRASH_RESTART_AFTER_SECONDS, renderStartScript } from '../src/host/render.js';
 import { writeMainConf } from '../src/reconcilers/nginx/nginx-process.js';
 import { API_VERSION, KIND } from '../src/spec/index.js';
 import { freePort } from './gateway.js';
@@ -108,6 +111,7 @@ export async function takeOverRows(): Promise<Row[]> {
     });
     current.proc.kill('SIGTERM');
     await current.exited;
+    const unit = await unitWindows(dir, args, apiPort, httpPort, hosts);
     if (process.env.DSTACK_PROXY_BENCH_TAKEOVER_LOG) {
       const { readFileSync } = await import('node:fs');
       process.stderr.write(
@@ -140,6 +144,51 @@ export async function takeOverRows(): Promise<Row[]> {
         target: '≤ 100 ms',
         ok: takeOver.longestGapMs <= 100,
         baseline: { name: 'stop, then start a new one', value: Math.round(restart.longestGapMs), measured: 'same run' },
+      },
+      ...(
+        [
+          [
+            'H2',
+            "an update (the slot switched, SIGHUP to the unit's start script, as `host update` does after its install and check)",
+            unit.update,
+          ],
+          ['H3', 'a rollback (switched back, SIGHUP)', unit.rollback],
+          ['H4', '`systemctl restart` (SIGTERM to the start script, which exits; a new one started)', unit.restart],
+        ] as const
+      ).flatMap(([id, what, w]): Row[] => [
+        {
+          id,
+          name: `requests failed during ${what}; ${SERVICES} services, ${CLIENTS} clients through Nginx`,
+          value: w.failed,
+          unit: 'requests',
+          target: '0',
+          ok: w.failed === 0,
+          baseline: {
+            name: "stop, then start a new one (dstack's update and restart: its app restarted)",
+            value: restart.failed,
+            measured: 'same run',
+          },
+          note: note(w),
+        },
+        {
+          id: `${id}g`,
+          name: `longest time between two answers during ${what.replace(/ \(.*$/, '')}`,
+          value: Math.round(w.longestGapMs),
+          unit: 'ms',
+          target: '≤ 100 ms',
+          ok: w.longestGapMs <= 100,
+          baseline: { name: 'stop, then start a new one', value: Math.round(restart.longestGapMs), measured: 'same run' },
+        },
+      ]),
+      {
+        id: 'H5g',
+        name: "longest time between two answers when the gateway is killed (SIGKILL) and the unit's start script starts it again",
+        value: Math.round(unit.crash.longestGapMs),
+        unit: 'ms',
+        target: '≤ the stop-then-start baseline (only the new process starting)',
+        ok: unit.crash.longestGapMs <= restart.longestGapMs,
+        baseline: { name: 'stop, then start a new one', value: Math.round(restart.longestGapMs), measured: 'same run' },
+        note: note(unit.crash),
       },
     ];
   } catch (err) {
@@ -259,5 +308,104 @@ async function until(check: () => Promise<boolean>, limitMs: number, what: strin
   while (!(await check())) {
     if (performance.now() > end) throw new Error(`no ${what} within ${limitMs} ms`);
     await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/**
+ * An installed host's unit without systemd: the host layout (both slots hold this build) and its
+ * start script, run the way the unit runs it. Update and rollback switch the slot and send SIGHUP
+ * (what `host update` does once its install and check passed, the old gateway serving throughout),
+ * restart sends SIGTERM and starts the script again once it has exited (systemd's stop, then
+ * start), and crash kills the serving gateway.
+ */
+async function unitWindows(
+  dir: string,
+  args: string[],
+  apiPort: number,
+  httpPort: number,
+  hosts: string[],
+): Promise<{ update: Window; rollback: Window; restart: Window; crash: Window }> {
+  const root = path.join(dir, 'host');
+  for (const slot of ['blue', 'green']) {
+    mkdirSync(path.join(root, slot, 'node_modules'), { recursive: true });
+    symlinkSync(process.execPath, path.join(root, slot, 'node'));
+    symlinkSync(path.resolve('.'), path.join(root, slot, 'node_modules', 'dstack-proxy'));
+  }
+  // The same options as the gateways above, as the host's config.yaml (JSON is YAML).
+  const config: Record<string, string> = {};
+  const flags = args.slice(1);
+  for (let i = 0; i < flags.length; i += 2)
+    config[flags[i]!.slice(2).replace(/-([a-z])/g, (_, c: string) => c.toUpperCase())] = flags[i + 1]!;
+  writeFileSync(path.join(root, 'config.yaml'), JSON.stringify(config));
+  writeFileSync(path.join(root, 'start'), renderStartScript(root));
+  writeFileSync(path.join(root, 'version'), 'blue\n');
+  const link = path.join(`${config.stateDir!}-nginx`, 'sockets', 'dataplane.sock');
+  const servingPid = async (): Promise<number> => Number(/^instances\/(\d+)\./.exec(await readlink(link))?.[1]);
+  const alive = (pid: number): boolean => {
+    try {
+      process.kill(pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  let out = '';
+  const script = (): ChildProcess => {
+    const p = spawn('/bin/sh', [path.join(root, 'start')], { stdio: ['ignore', 'ignore', 'pipe'] });
+    p.stderr!.on('data', (d: Buffer) => (out = (out + d.toString()).slice(-4000)));
+    return p;
+  };
+  /** Until a gateway started at or after `since` serves the data plane and the API, and `old` is gone. */
+  const replaced = (old: number, since: number): Promise<void> =>
+    until(
+      async () => {
+        if ((await servingPid().catch(() => old)) === old || alive(old)) return false;
+        const r = await fetch(`http://127.0.0.1:${apiPort}/readyz`).catch(() => null);
+        return r?.status === 200 && ((await r.json()) as { startedAt: number }).startedAt >= since;
+      },
+      60_000,
+      'the new gateway serving and the old one gone',
+    ).catch((err: unknown) => {
+      throw new Error(`${String(err)}\n${out}`);
+    });
+  let sh = script();
+  try {
+    await until(
+      async () => (await fetch(`http://127.0.0.1:${apiPort}/readyz`).catch(() => null))?.status === 200,
+      60_000,
+      'the unit ready',
+    );
+    await until(() => sitesApplied(apiPort, hosts), 30_000, 'every site Applied');
+    const hup = (slot: string) => async (): Promise<number> => {
+      const [since, t, old] = [Date.now(), performance.now(), await servingPid()];
+      writeFileSync(path.join(root, 'version'), `${slot}\n`);
+      sh.kill('SIGHUP');
+      await replaced(old, since);
+      return performance.now() - t;
+    };
+    const update = await underLoad(httpPort, hosts, hup('green'));
+    const rollback = await underLoad(httpPort, hosts, hup('blue'));
+    const restart = await underLoad(httpPort, hosts, async () => {
+      const [since, t, old] = [Date.now(), performance.now(), await servingPid()];
+      const exited = new Promise((r) => sh.once('exit', r));
+      sh.kill('SIGTERM');
+      await exited;
+      sh = script();
+      await replaced(old, since);
+      return performance.now() - t;
+    });
+    // Only a gateway that had run a while is started again by the script (sooner, systemd would).
+    await new Promise((r) => setTimeout(r, (CRASH_RESTART_AFTER_SECONDS + 1) * 1000));
+    const crash = await underLoad(httpPort, hosts, async () => {
+      const [since, t, old] = [Date.now(), performance.now(), await servingPid()];
+      process.kill(old, 'SIGKILL');
+      await replaced(old, since);
+      return performance.now() - t;
+    });
+    return { update, rollback, restart, crash };
+  } finally {
+    const last = await servingPid().catch(() => 0);
+    sh.kill('SIGKILL');
+    if (last > 0 && alive(last)) process.kill(last, 'SIGKILL');
   }
 }

@@ -16,6 +16,8 @@ export interface OptionSpec {
   kind: OptionKind;
   default: string | number | boolean | undefined;
   values?: readonly string[];
+  /** For 'seconds': 0 is allowed too (it turns the behaviour off). */
+  allowZero?: boolean;
   help: string;
 }
 
@@ -147,7 +149,8 @@ function coerce(raw: unknown, spec: OptionSpec, where: string): string | number 
     }
     case 'seconds': {
       const n = Number(raw);
-      if (!Number.isFinite(n) || n <= 0 || n > 86_400) bad('must be a number of seconds > 0 and ≤ 86400');
+      const min = spec.allowZero ? 0 : Number.MIN_VALUE;
+      if (!Number.isFinite(n) || n < min || n > 86_400) bad(`must be a number of seconds ${spec.allowZero ? '≥ 0' : '> 0'} and ≤ 86400`);
       return n;
     }
   }

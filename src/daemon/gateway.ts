@@ -6,7 +6,7 @@ import { join, resolve } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { pino, type Logger } from 'pino';
 import { checkManagementExposure, readApiToken } from '../api/api-token.js';
-import type { Clock } from '../clock.js';
+import { systemClock, type Clock } from '../clock.js';
 import { checkDstackCompatHost } from '../compat/dstack/index.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
 import { liveDataPlane } from '../dataplane/index.js';
@@ -121,7 +121,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     async takeOver() {
       // Its own tunnels first: a replica still making its first connection here is one only
       // the old process can serve yet (a settled pass has started them, not waited for them).
-      await firstConnections(() => controller.statuses().loops[SSH_LOOP]?.objects ?? {}, TUNNELS_WAIT_MS);
+      await firstConnections(() => controller.statuses().loops[SSH_LOOP]?.objects ?? {}, TUNNELS_WAIT_MS, deps.clock ?? systemClock);
       await loops.ssh.balancer.publish();
       const pid = predecessor!.pid;
       logger.info({ pid }, 'took the data plane over; telling the gateway taken over from to stop');
@@ -166,6 +166,15 @@ async function findPredecessor(options: GatewayOptions, logger: Logger): Promise
     return undefined;
   }
   if (options.takeOver === 'true') {
+    if (options.nginx !== 'system') {
+      throw new ProxyError(
+        'DP_ERR_BAD_OPTION',
+        `another gateway${live.pid === null ? '' : ` (pid ${live.pid})`} serves ${resolve(options.stateDir)}, and --take-over true needs --nginx system: a private Nginx lives and dies with the gateway that started it`,
+      );
+    }
+    if (options.apiPort === 0) {
+      throw new ProxyError('DP_ERR_BAD_OPTION', "--take-over true takes the running gateway's API port over: --api-port 0 names none");
+    }
     logger.info({ pid: live.pid }, 'taking over from the gateway that serves this state dir');
     return live;
   }
@@ -182,9 +191,10 @@ const TUNNELS_WAIT_MS = 30_000;
 async function firstConnections(
   objects: () => Record<string, { conditions: readonly { type: string; reason?: string }[] }>,
   ms: number,
+  clock: Clock,
 ): Promise<void> {
-  const until = Date.now() + ms;
+  const until = clock.now() + ms;
   const connecting = (): boolean =>
     Object.values(objects()).some((o) => o.conditions.some((c) => c.type === 'Ready' && c.reason === 'Connecting'));
-  while (connecting() && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+  while (connecting() && clock.now() < until) await new Promise<void>((r) => clock.setTimeout(r, 20));
 }

@@ -1,6 +1,8 @@
-// How a daemon command ends: the first SIGINT or SIGTERM closes the daemon gracefully; a second
-// one ends the process at once (exit 128 + the signal's number), so an operator can always force
-// a shutdown that hangs.
+// How a daemon command ends: the first SIGINT or SIGTERM closes the daemon gracefully. A second
+// SIGINT (Ctrl-C again) ends the process at once (exit 130), so an operator can always force a
+// shutdown that hangs. A second SIGTERM does not: a gateway taking over sends one to a gateway
+// that may already be stopping (a restart told it first), and that one must still finish what it
+// has in flight. A service manager's stop timeout ends with SIGKILL anyway.
 //
 // The handlers stay installed until the process ends. A library that restores a signal's default
 // action when it finds no other listener (execa's child cleanup, through signal-exit) would
@@ -22,6 +24,8 @@ export function runUntilSignal(command: string, daemon: Closable, stderr: (s: st
     let stopping = false;
     const onSignal = (signal: 'SIGINT' | 'SIGTERM'): void => {
       if (stopping) {
+        if (signal === 'SIGTERM')
+          return void stderr(`dstack-proxy ${command}: SIGTERM again, already shutting down (SIGINT ends it at once)\n`);
         stderr(`dstack-proxy ${command}: ${signal} again, exiting now\n`);
         process.exit(128 + constants.signals[signal]);
       }

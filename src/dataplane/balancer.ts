@@ -19,6 +19,7 @@ import { chmod, chown, mkdir, readdir, readlink, rename, rm, symlink, unlink } f
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
+import { systemClock, type Clock } from '../clock.js';
 import { RelayConnection } from './relay-connection.js';
 import type { Replicas } from './replicas.js';
 import { SHARED_SOCKET_NAME } from './service-header.js';
@@ -48,6 +49,8 @@ export interface BalancerOptions {
   socketUid?: number;
   socketGid?: number;
   logger?: Logger;
+  /** The drain and successor timers. Default: the system clock. */
+  clock?: Clock;
 }
 
 export interface BalancerStats {
@@ -65,6 +68,9 @@ export function socketPathFor(socketDir: string, serviceKey: string): string {
   const h = createHash('sha256').update(serviceKey).digest('hex').slice(0, 8);
   return join(socketDir, `${slug}.${h}.sock`);
 }
+
+/** How often a stopping balancer looks whether a successor has taken the link. */
+const SUCCESSOR_POLL_MS = 20;
 
 /** Where each process binds its shared socket, under the socket dir. */
 export const INSTANCES_DIR = 'instances';
@@ -293,13 +299,19 @@ export class Balancer {
    * Stops serving. When another process has taken the shared link over (a hand-over), what is
    * in flight finishes: each open connection's next request is answered with Connection: close,
    * and close resolves once they have all closed, or after `drainMs` (then the rest are cut).
-   * Otherwise the link is removed and open connections are cut at once, as nobody is left to
-   * answer them.
+   *
+   * With `successorWaitMs`, a balancer still holding the link goes on accepting for that long
+   * first, until a successor takes the link (a restart: the new process starts only after this
+   * one was told to stop), and then drains as above. Otherwise, or when none came, the link is
+   * removed and open connections are cut at once, as nobody is left to answer them.
    */
-  async close(o: { drainMs?: number } = {}): Promise<void> {
+  async close(o: { drainMs?: number; successorWaitMs?: number } = {}): Promise<void> {
     await Promise.all([...this.#servers.keys()].map((k) => this.unlisten(k)));
-    this.#served.clear();
     const shared = this.#shared;
+    if (shared && this.#published && (o.successorWaitMs ?? 0) > 0 && (await this.#ownsLink())) {
+      await this.#awaitSuccessor(o.successorWaitMs!);
+    }
+    this.#served.clear();
     this.#shared = null;
     if (shared) {
       shared.close(() => undefined);
@@ -312,17 +324,28 @@ export class Balancer {
     for (const c of this.#clients) c.destroy();
   }
 
+  /** Until the link leads elsewhere, or `ms` passed; this socket serves meanwhile. */
+  async #awaitSuccessor(ms: number): Promise<void> {
+    const clock = this.#o.clock ?? systemClock;
+    this.#o.logger?.info({ successorWaitMs: ms }, 'serving on until another gateway takes the data plane over');
+    const until = clock.now() + ms;
+    while (clock.now() < until && (await this.#ownsLink())) {
+      await new Promise<void>((resolve) => clock.setTimeout(resolve, SUCCESSOR_POLL_MS));
+    }
+  }
+
   /** Until every accepted connection has closed, or `ms` passed. */
   async #drain(ms: number): Promise<void> {
     this.#o.logger?.info({ connections: this.#clients.size, drainMs: ms }, 'another process serves the data plane now: draining');
     for (const r of this.#relays) r.drain();
+    const clock = this.#o.clock ?? systemClock;
     await new Promise<void>((resolve) => {
-      const timer = setTimeout(done, ms);
+      const timer = clock.setTimeout(done, ms);
       const check = (): void => {
         if (this.#clients.size === 0) done();
       };
       function done(): void {
-        clearTimeout(timer);
+        clock.clearTimeout(timer);
         resolve();
       }
       for (const c of this.#clients) c.once('close', () => process.nextTick(check));

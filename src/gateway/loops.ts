@@ -64,6 +64,8 @@ export function gatewayLoops(
     keepaliveCountMax: options.sshKeepaliveCountMax,
     shareConnections: options.sshShareConnections === 'true',
     drainMs: options.drainPeriod * 1000,
+    // A private Nginx stops with this process: nothing could take over from it.
+    successorWaitMs: options.nginx === 'system' ? options.successorWait * 1000 : 0,
     // One socket, one upstream and keep-alive pool in Nginx, whatever the number of services.
     sharedSocket: true,
     // What the default server relays by Host (view.byHostDefault), and its token check.

@@ -39,6 +39,7 @@ export interface GatewayOptions {
   sshShareConnections: 'true' | 'false';
   drainPeriod: number;
   takeOver: 'true' | 'false';
+  successorWait: number;
   serverUrl: string | undefined;
   authCacheTtl: number;
   authTimeout: number;
@@ -177,7 +178,13 @@ export const OPTION_SPECS = {
     kind: 'enum',
     values: ['true', 'false'],
     default: 'false',
-    help: "`true`: start beside the gateway running on this state dir (system Nginx) and take over from it without dropping a request: converge from the stored document with its own tunnels, point Nginx's data-plane socket at this process, tell the old one to stop (it finishes what Nginx still sends it, at most --drain-period), then listen on its API port; `false`: refuse to start while another gateway serves this state dir",
+    help: "`true`: start beside the gateway running on this state dir (system Nginx) and take over from it without dropping a request: converge from the stored document with its own tunnels, point Nginx's data-plane socket at this process, tell the old one to stop (it finishes what Nginx still sends it, at most --drain-period), then listen on its API port; with no gateway running it starts as usual; `false`: refuse to start while another gateway serves this state dir",
+  },
+  successorWait: {
+    kind: 'seconds',
+    default: 0,
+    allowZero: true,
+    help: 'seconds a gateway told to stop goes on serving Nginx (system Nginx only) until one started with --take-over true takes over from it, so a restart drops no request; it then finishes what it has in flight (at most --drain-period). Its API and loops stop at once. 0: it stops serving at once. A private Nginx stops with its gateway, so there it has no effect',
   },
   certbotBin: { kind: 'string', default: 'certbot', help: 'the certbot program' },
   certbotTimeout: { kind: 'seconds', default: 40, help: 'seconds after which a certbot run is killed with its whole process group' },
@@ -240,15 +247,6 @@ export function resolveOptions(sources: OptionSources): GatewayOptions {
       'DP_ERR_BAD_OPTION',
       "--health-check-ok true answers on our default server, and --default-server false renders none: drop one of the two (the distribution's default site then answers health checks)",
     );
-  }
-  if (options.takeOver === 'true' && options.nginx !== 'system') {
-    throw new ProxyError(
-      'DP_ERR_BAD_OPTION',
-      '--take-over true needs --nginx system: a private Nginx lives and dies with the gateway that started it',
-    );
-  }
-  if (options.takeOver === 'true' && options.apiPort === 0) {
-    throw new ProxyError('DP_ERR_BAD_OPTION', "--take-over true takes the running gateway's API port over: --api-port 0 names none");
   }
   if (options.accessLog !== undefined) checkAccessLog(options.accessLog);
   parseTrustedProxies(options.trustedProxies);

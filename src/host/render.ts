@@ -42,25 +42,35 @@ function checkArg(what: string, value: string): string {
   return value;
 }
 
+/** Seconds a stopped gateway serves on for a restart's new one (it starts once the stop returned). */
+export const SUCCESSOR_WAIT_SECONDS = 15;
+
+/** A gateway that ran this long before it ended on its own is started again at once. */
+export const CRASH_RESTART_AFTER_SECONDS = 10;
+
 /**
  * The script the unit runs, its main process: the active slot's gateway on the host's config,
- * and on SIGHUP (`systemctl reload`) the active slot's gateway again, started beside the running
- * one with `--take-over true`: the new one serves before the old one stops, so a restart, an
- * update or a rollback drops no request. A plain POSIX sh, so it never changes with a slot.
+ * always with `--take-over true`, so whichever way a new gateway starts (a reload, a restart,
+ * a crash) it serves before the old one stops, and no request is dropped. A plain POSIX sh, so
+ * it never changes with a slot.
  */
 export function renderStartScript(root: string): string {
   root = checkPath('the host root', root);
   return `#!/bin/sh
 # The gateway unit's main process. Written by \`dstack-proxy host install\`: edits are replaced
 # on the next install or update.
-#   - Runs the active slot's gateway, named in $root/version (blue when there is none yet).
+#   - Runs the active slot's gateway, named in $root/version (blue when there is none yet), with
+#     --take-over true: when a gateway still serves this host (a restart's old one), the new one
+#     converges beside it, takes Nginx's data plane over, then tells the old one to stop.
 #   - SIGHUP (\`systemctl reload\`, what \`host update\` and \`host rollback\` send): starts the
-#     active slot's gateway again with --take-over true. It converges beside the running one,
-#     takes Nginx's data plane over, then tells the old one to stop; the old one finishes what
-#     it has in flight and exits. A new one that fails before that leaves the old one serving.
-#   - SIGTERM/SIGINT: passed to every gateway it started; it exits when they have.
-#   - The serving gateway ending on its own ends this script with its status, for systemd to
-#     restart the unit.
+#     active slot's gateway again beside the running one, the same way. A new one that fails
+#     before it took over leaves the old one serving.
+#   - SIGTERM/SIGINT (\`systemctl stop\`, the first half of a restart): passed to every gateway it
+#     started, and this script exits at once. A gateway told to stop closes its API and loops but
+#     serves Nginx for up to ${SUCCESSOR_WAIT_SECONDS} s more, until a new one takes over (the restart's second half),
+#     then finishes what it has in flight (at most its drain period) and exits.
+#   - The serving gateway ending on its own after ${CRASH_RESTART_AFTER_SECONDS} s or more is started again at once; one
+#     ending sooner ends this script with its status, for systemd to restart the unit.
 set -u
 root='${root}'
 cd "$root" || exit 1
@@ -78,10 +88,12 @@ active() {
   return 1
 }
 
-# Starts the active slot's gateway with extra flags; its pid in $pid.
+# Starts the active slot's gateway; its pid in $pid, when in $since.
 gateway() {
-  "$root/$slot/node" "$root/$slot/node_modules/dstack-proxy/dist/src/cli.js" gateway --config "$root/config.yaml" "$@" &
+  "$root/$slot/node" "$root/$slot/node_modules/dstack-proxy/dist/src/cli.js" gateway --config "$root/config.yaml" \\
+    --take-over true --successor-wait ${SUCCESSOR_WAIT_SECONDS} &
   pid=$!
+  since=$(date +%s)
 }
 
 active || exit 1
@@ -89,9 +101,8 @@ gateway
 # The gateway a take-over started from, while the new one has not proved itself.
 prev=''
 reload=0
-stopping=0
 trap 'reload=1' HUP
-trap 'stopping=1; kill -TERM $pid $prev 2>/dev/null' TERM INT
+trap 'kill -TERM $pid $prev 2>/dev/null; exit 0' TERM INT
 while :; do
   wait "$pid"
   status=$?
@@ -101,9 +112,9 @@ while :; do
   fi
   if [ "$reload" = 1 ]; then
     reload=0
-    if [ "$stopping" = 0 ] && active; then
+    if active; then
       prev=$pid
-      gateway --take-over true
+      gateway
     fi
     continue
   fi
@@ -111,16 +122,17 @@ while :; do
   if kill -0 "$pid" 2>/dev/null; then
     continue
   fi
-  if [ -n "$prev" ] && kill -0 "$prev" 2>/dev/null && [ "$stopping" = 0 ]; then
-    # The take-over failed; the gateway it started from still runs (it may be draining, if it
-    # was told to stop: then it ends soon, and so does this script).
+  if [ -n "$prev" ] && kill -0 "$prev" 2>/dev/null; then
+    # The take-over failed; the gateway it started from still runs.
     echo "the gateway taking over exited $status; the previous one goes on" >&2
     pid=$prev
     prev=''
     continue
   fi
-  if [ "$stopping" = 1 ]; then
-    wait
+  if [ $(($(date +%s) - since)) -ge ${CRASH_RESTART_AFTER_SECONDS} ] && active; then
+    echo "the gateway exited $status; starting it again" >&2
+    gateway
+    continue
   fi
   exit "$status"
 done
@@ -195,8 +207,11 @@ Type=simple
 ExecStart=/bin/sh ${root}/start
 # The start script hands over to a new gateway on SIGHUP, without dropping a request.
 ExecReload=/bin/kill -HUP $MAINPID
-# SIGTERM to the start script alone: it passes it to its gateways and waits for their drain.
-KillMode=mixed
+# A stop signals the start script alone, which passes it on and exits: the gateway it ran
+# serves on until a restart's new one takes over, and ends on its own (within its drain period
+# and the wait for a successor). A process outliving the stop is what lets a restart drop nothing.
+ExecStop=/bin/kill -TERM $MAINPID
+KillMode=process
 WorkingDirectory=-${root}
 Restart=always
 RestartSec=2

@@ -1,6 +1,7 @@
 // A daemon's signals, in a process of its own: SIGTERM closes it gracefully even while a child
 // process started with execa runs (execa's cleanup restores a signal's default action when it
-// finds no other listener, which once cut the close short), and a second signal ends it at once.
+// finds no other listener, which once cut the close short); a second SIGINT ends it at once, a
+// second SIGTERM (a successor's, to a gateway a restart already told to stop) does not.
 
 import { spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
@@ -32,7 +33,11 @@ process.exitCode = 0;
   return file;
 }
 
-function run(file: string, signals: number): Promise<{ code: number | null; signal: string | null; out: string; err: string }> {
+function run(
+  file: string,
+  signals: number,
+  signal: NodeJS.Signals = 'SIGTERM',
+): Promise<{ code: number | null; signal: string | null; out: string; err: string }> {
   return new Promise((done) => {
     const p = spawn(process.execPath, [file], { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
@@ -40,7 +45,7 @@ function run(file: string, signals: number): Promise<{ code: number | null; sign
     p.stderr.on('data', (d: Buffer) => (err += d.toString()));
     p.stdout.on('data', (d: Buffer) => {
       out += d.toString();
-      if (out === 'up\n') for (let i = 0; i < signals; i++) setTimeout(() => p.kill('SIGTERM'), 100 + i * 100);
+      if (out === 'up\n') for (let i = 0; i < signals; i++) setTimeout(() => p.kill(signal), 100 + i * 100);
     });
     p.once('exit', (code, signal) => done({ code, signal, out, err }));
   });
@@ -55,10 +60,18 @@ describe('runUntilSignal', () => {
     expect(r.err).toContain('SIGTERM, shutting down');
   }, 20_000);
 
-  it('ends at once on a second signal, with 128 + its number', async () => {
-    const r = await run(script(10_000), 2);
-    expect(r.code).toBe(143);
+  it('ends at once on a second SIGINT, with 128 + its number', async () => {
+    const r = await run(script(10_000), 2, 'SIGINT');
+    expect(r.code).toBe(130);
     expect(r.out).toBe('up\n');
-    expect(r.err).toContain('SIGTERM again, exiting now');
+    expect(r.err).toContain('SIGINT again, exiting now');
+  }, 20_000);
+
+  it('goes on closing gracefully on a second SIGTERM', async () => {
+    const r = await run(script(1_000), 2);
+    expect(r.signal).toBeNull();
+    expect(r.code).toBe(0);
+    expect(r.out).toBe('up\nclosed\n');
+    expect(r.err).toContain('SIGTERM again, already shutting down');
   }, 20_000);
 });

@@ -93,6 +93,8 @@ afterAll(async () => {
 
 /** The drain period the gateways get: an upgraded connection holds the old one this long. */
 const DRAIN_S = 4;
+/** How long a gateway told to stop waits for a successor, in the restart test. */
+const SUCCESSOR_WAIT_S = 30;
 
 function gatewayArgs(extra: string[] = []): string[] {
   const prefix = join(dir, 'nginx');
@@ -257,7 +259,11 @@ describe('gateway --take-over true', () => {
     await eventually(() => (got.includes('\r\n\r\n') ? true : undefined), 10_000);
     expect(got).toMatch(/^HTTP\/1\.1 101 /);
 
-    const next = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs(['--take-over', 'true']), waitReady: false });
+    // The next test restarts this one: told to stop, it serves until a successor takes over.
+    const next = await startCliGateway(join(dir, 'state'), ports, {
+      args: gatewayArgs(['--take-over', 'true', '--successor-wait', String(SUCCESSOR_WAIT_S)]),
+      waitReady: false,
+    });
     gateways.push(next);
     await eventually(async () => ((await readlink(link)).startsWith(`instances/${next.child.pid}.`) ? true : undefined), 60_000);
     const switched = performance.now();
@@ -274,4 +280,56 @@ describe('gateway --take-over true', () => {
     expect(closedAt - switched).toBeGreaterThan(DRAIN_S * 1000 - 500);
     expect((await get()).status).toBe(200);
   }, 60_000);
+
+  it('restarts without a dropped request: told to stop first, the old one serves until the new one takes over', async () => {
+    const current = gateways.at(-1)!;
+    const link = join(dir, 'state-nginx', 'sockets', 'dataplane.sock');
+    expect(await readlink(link)).toMatch(new RegExp(`^instances/${current.child.pid}\\.`));
+    const failures: string[] = [];
+    let answered = 0;
+    let steady = true;
+    const client = (async () => {
+      let n = 0;
+      while (steady) {
+        const host = HOSTS[n++ % HOSTS.length]!;
+        const r = await get('/', host).catch((err: unknown) => ({ status: 0, body: String(err) }));
+        if (r.status === 200) answered++;
+        else failures.push(`${host} ${r.status} ${r.body.slice(0, 200)}`);
+        await new Promise((res) => setTimeout(res, 5));
+      }
+    })();
+    const events = stream();
+    events.catch(() => undefined); // awaited below
+    await new Promise((res) => setTimeout(res, 300));
+
+    // A restart as systemd does one: stop, and only once that returned, start.
+    current.child.kill('SIGTERM');
+    await new Promise((res) => setTimeout(res, 1_500));
+    // Its API is closed, its data plane still serves: nothing has failed so far.
+    expect(current.child.exitCode).toBeNull();
+    expect(await readlink(link)).toMatch(new RegExp(`^instances/${current.child.pid}\\.`));
+    const before = answered;
+    expect(failures).toEqual([]);
+    await new Promise((res) => setTimeout(res, 300));
+    expect(answered).toBeGreaterThan(before);
+
+    const next = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs(['--take-over', 'true']), waitReady: false });
+    gateways.push(next);
+    await eventually(async () => {
+      if (next.child.exitCode !== null) throw new Error(`the new gateway exited ${next.child.exitCode}: ${next.stderr()}`);
+      return (await readlink(link)).startsWith(`instances/${next.child.pid}.`) ? true : undefined;
+    }, 60_000);
+    // A second SIGTERM (the take-over's) does not cut the old one's drain short.
+    const code = await new Promise<number | null>((res) =>
+      current.child.exitCode !== null ? res(current.child.exitCode) : current.child.once('exit', (c) => res(c)),
+    );
+    expect(code).toBe(0);
+    expect(await events).toHaveLength(STREAM_EVENTS);
+    await new Promise((res) => setTimeout(res, 500));
+    steady = false;
+    await client;
+    expect(failures).toEqual([]);
+    expect(answered).toBeGreaterThan(50);
+    await eventually(async () => ((await api(ports, { path: '/readyz' }).catch(() => null))?.status === 200 ? true : undefined), 30_000);
+  }, 120_000);
 });

@@ -38,8 +38,6 @@ describe('gateway options', () => {
     [{ env: { DSTACK_PROXY_RESYNC_INTERVAL: '0' } }, /DSTACK_PROXY_RESYNC_INTERVAL: must be a number of seconds/],
     [{ flags: { nginx: 'system' } }, /--sites-dir is required with --nginx system/],
     [{ flags: { httpPort: '8080', httpsPort: '8080' } }, /both 8080/],
-    [{ flags: { takeOver: 'true' } }, /--take-over true needs --nginx system/],
-    [{ flags: { takeOver: 'true', nginx: 'system', sitesDir: '/x', apiPort: '0' } }, /--api-port 0 names none/],
   ])('rejects %j with a sentence naming the option', (sources, message) => {
     expect(() => resolveOptions(sources)).toThrow(message);
   });

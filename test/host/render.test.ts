@@ -12,6 +12,8 @@ import {
   renderHostSettings,
   renderSlotRecord,
   renderStartScript,
+  CRASH_RESTART_AFTER_SECONDS,
+  SUCCESSOR_WAIT_SECONDS,
   renderUnit,
   renderUpdateScript,
   stopTimeout,
@@ -26,9 +28,11 @@ describe('renderUnit', () => {
     expect(unit).toContain('After=network-online.target nginx.service\nWants=network-online.target\n');
     for (const line of [
       'ExecStart=/bin/sh /opt/dstack-proxy/start',
-      // A reload hands over to a new gateway; a stop goes to the start script, which waits for the drain.
+      // A reload hands over to a new gateway; a stop goes to the start script alone, which
+      // passes it on and exits: the gateway serves on until a restart's new one takes over.
       'ExecReload=/bin/kill -HUP $MAINPID',
-      'KillMode=mixed',
+      'ExecStop=/bin/kill -TERM $MAINPID',
+      'KillMode=process',
       'WorkingDirectory=-/opt/dstack-proxy',
       'Restart=always',
       'RestartSec=2',
@@ -192,6 +196,10 @@ describe('the start and update scripts, run by /bin/sh', () => {
       'gateway',
       '--config',
       join(root, 'config.yaml'),
+      '--take-over',
+      'true',
+      '--successor-wait',
+      String(SUCCESSOR_WAIT_SECONDS),
     ]);
   });
 
@@ -210,7 +218,7 @@ describe('the start and update scripts, run by /bin/sh', () => {
   });
 
   it('start hands over on SIGHUP: the active slot again with --take-over true; a failed one leaves the old serving', async () => {
-    // Slots whose node logs its start and runs until told to stop; green's take-over fails once.
+    // Slots whose node logs its start and runs until told to stop; the first take-over fails.
     const h = join(t.dir, 'hup');
     const log = join(h, 'log');
     for (const slot of ['blue', 'green']) {
@@ -218,7 +226,7 @@ describe('the start and update scripts, run by /bin/sh', () => {
       writeFileSync(
         join(h, slot, 'node'),
         `#!/bin/sh\necho "${slot} $$ $*" >>${log}\n` +
-          `case "$*" in *take-over*) if [ ! -f ${h}/failed ]; then : >${h}/failed; exit 1; fi ;; esac\n` +
+          `if [ -f ${h}/started ] && [ ! -f ${h}/failed ]; then : >${h}/failed; exit 1; fi\n: >${h}/started\n` +
           `trap 'echo "${slot} $$ stopped" >>${log}; exit 0' TERM\nwhile :; do sleep 0.05; done\n`,
       );
       chmodSync(join(h, slot, 'node'), 0o755);
@@ -229,29 +237,50 @@ describe('the start and update scripts, run by /bin/sh', () => {
       for (let i = 0; i < 200 && lines().length < n; i++) await new Promise((r) => setTimeout(r, 25));
       return lines();
     };
+    const flags = `--take-over true --successor-wait ${SUCCESSOR_WAIT_SECONDS}`;
     const sh = execa('/bin/sh', [join(h, 'start')], { reject: false });
-    expect((await until(1))[0]).toMatch(/^blue \d+ .*gateway --config .*config\.yaml$/);
+    expect((await until(1))[0]).toMatch(new RegExp(`^blue \\d+ .*gateway --config .*config\\.yaml ${flags}$`));
     writeFileSync(join(h, 'version'), 'green\n');
     // The first take-over fails: blue goes on, and the script with it.
     sh.kill('SIGHUP');
-    expect((await until(2))[1]).toMatch(/^green \d+ .* --take-over true$/);
+    expect((await until(2))[1]).toMatch(new RegExp(`^green \\d+ .* ${flags}$`));
     await new Promise((r) => setTimeout(r, 200));
     expect(sh.exitCode).toBeNull();
     // The second goes through: green runs; the one it took over from is told to stop (as the
     // gateway does, by its pid), and the script stays with green.
     sh.kill('SIGHUP');
     const third = (await until(3))[2]!;
-    expect(third).toMatch(/^green \d+ .* --take-over true$/);
+    expect(third).toMatch(new RegExp(`^green \\d+ .* ${flags}$`));
     const bluePid = Number(lines()[0]!.split(' ')[1]);
     process.kill(bluePid, 'SIGTERM');
     expect((await until(4))[3]).toBe(`blue ${bluePid} stopped`);
     await new Promise((r) => setTimeout(r, 200));
     expect(sh.exitCode).toBeNull();
-    // A stop reaches the serving gateway, and the script ends with it.
+    // A stop reaches the serving gateway, and the script exits without waiting for it (the
+    // gateway serves on for a restart's new one).
     sh.kill('SIGTERM');
     const r = await sh;
     expect(r.exitCode).toBe(0);
-    expect(lines()[4]).toBe(`green ${third.split(' ')[1]} stopped`);
+    expect((await until(5))[4]).toBe(`green ${third.split(' ')[1]} stopped`);
+  }, 30_000);
+
+  it('start runs a gateway that ended on its own again, unless it ended soon after it started', async () => {
+    // Each start of the slot's node is logged; the first runs past the crash-restart bound and
+    // exits 3, the second exits 4 at once.
+    const h = join(t.dir, 'crash');
+    const log = join(h, 'log');
+    mkdirSync(join(h, 'blue'), { recursive: true });
+    writeFileSync(
+      join(h, 'blue', 'node'),
+      `#!/bin/sh\necho "start $$" >>${log}\n` +
+        `if [ ! -f ${h}/ran ]; then : >${h}/ran; sleep ${CRASH_RESTART_AFTER_SECONDS + 1}; exit 3; fi\nexit 4\n`,
+    );
+    chmodSync(join(h, 'blue', 'node'), 0o755);
+    writeFileSync(join(h, 'start'), renderStartScript(h));
+    const r = await execa('/bin/sh', [join(h, 'start')], { reject: false });
+    expect(r.exitCode).toBe(4);
+    expect(readFileSync(log, 'utf8').trim().split('\n')).toHaveLength(2);
+    expect(r.stderr).toContain('the gateway exited 3; starting it again');
   }, 30_000);
 
   it("update runs the active slot's host update with the root and the arguments", async () => {

@@ -4,6 +4,7 @@ import type { Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CRASH_RESTART_AFTER_SECONDS } from '../../src/host/render.js';
 import { UPDATE_SUCCESS_LINE, readActive, slotPackageJson, type Slot, type SlotInfo } from '../../src/host/layout.js';
 import { decideRollback, decideUpdate, lockFile, takeLock, withLock, type HostActions, type Outcome } from '../../src/host/update.js';
 import { validate } from '../../src/spec/index.js';
@@ -596,13 +597,48 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     expect(r.code, r.stderr).toBe(0);
     await eventually(async () => {
       const pid = listenerPid(apiPort);
-      return pid > 0 && pid !== before && (await readyz()) === 200 ? true : undefined;
+      return pid !== undefined && pid !== before && (await readyz()) === 200 ? true : undefined;
     }, 60_000);
     await new Promise((res) => setTimeout(res, 300));
     const seen = await load.stop();
     console.log(`systemctl reload: ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms`);
     expect(seen.failed).toEqual([]);
     expect(seen.ok).toBeGreaterThan(10);
+  });
+
+  it('systemctl restart hands over too: told to stop, the gateway serves until the new one takes over', async () => {
+    const before = listenerPid(apiPort);
+    const load = steadyLoad(serves);
+    const r = await run([...settings.systemctl, 'restart', `${settings.unitName}.service`], 60_000);
+    expect(r.code, r.stderr).toBe(0);
+    await eventually(async () => {
+      const pid = listenerPid(apiPort);
+      return pid !== undefined && pid !== before && (await readyz()) === 200 ? true : undefined;
+    }, 60_000);
+    await new Promise((res) => setTimeout(res, 300));
+    const seen = await load.stop();
+    console.log(`systemctl restart: ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms`);
+    expect(seen.failed, journal()).toEqual([]);
+    expect(seen.ok).toBeGreaterThan(10);
+  });
+
+  it('a gateway that dies is started again at once by the unit, with no restart of the unit', async () => {
+    // A gateway that ended soon after its start is left to systemd's RestartSec: this one has
+    // run long enough to be started again by the unit's script.
+    await new Promise((res) => setTimeout(res, (CRASH_RESTART_AFTER_SECONDS + 1) * 1000));
+    const before = listenerPid(apiPort)!;
+    const load = steadyLoad(serves);
+    await new Promise((res) => setTimeout(res, 300));
+    process.kill(before, 'SIGKILL');
+    await eventually(async () => {
+      const pid = listenerPid(apiPort);
+      return pid !== undefined && pid !== before && (await readyz()) === 200 && (await serves()) === 200 ? true : undefined;
+    }, 60_000);
+    await new Promise((res) => setTimeout(res, 300));
+    const seen = await load.stop();
+    // Requests in flight and those until the new one has bound its socket may fail; it serves again.
+    console.log(`crash (SIGKILL): ${seen.ok} answered, ${seen.failed.length} failed, longest gap ${seen.longestGapMs} ms`);
+    expect(journal()).toContain('starting it again');
   });
 
   it('host rollback switches to the other slot when it holds a package that runs', async () => {

@@ -97,6 +97,11 @@ export interface SshLoopOptions {
   /** A removed replica's open connections are closed after this. Default 30_000 (30 s). */
   drainMs?: number;
   /**
+   * On close, the shared socket goes on serving for up to this long until another process takes
+   * it over (a restart), and then drains. Default 0: it stops at once.
+   */
+  successorWaitMs?: number;
+  /**
    * The loop that routes requests to the sockets (Nginx). A removed service's socket and
    * tunnels stay up until that loop has finished a Ready pass of a generation without the
    * service, plus retireGraceMs; at most drainMs in all. Without it they close at once.
@@ -163,6 +168,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     ...(o.hostAuth ? { hostAuth: o.hostAuth } : {}),
     ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
     ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),
+    clock,
   });
   const hostKeys = new HostKeyBook();
   const chainOptions = {
@@ -284,7 +290,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
         handle = null;
         // First the sockets: when another gateway has taken the data plane over, what Nginx
         // still sends here finishes over these tunnels (at most drainMs) before they close.
-        await balancer.close({ drainMs });
+        await balancer.close({ drainMs, successorWaitMs: o.successorWaitMs ?? 0 });
         held.closeAll();
         retiring.clear();
         index.clear();
