@@ -1,6 +1,6 @@
 import { execFile, execFileSync, spawn, spawnSync } from 'node:child_process';
 import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import type { Server } from 'node:http';
+import { get as httpGet, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -379,6 +379,46 @@ function steadyLoad(get: () => Promise<number>): { stop: () => Promise<{ ok: num
   };
 }
 
+/** Events a second on the replica's /stream?n=<events>: one every STREAM_EVERY_MS. */
+const STREAM_EVERY_MS = 100;
+
+/** The echo replica's handler, with /stream?n=N answering N server-sent events before it ends. */
+function withStream(echo: Server): void {
+  const plain = echo.listeners('request')[0] as (req: IncomingMessage, res: ServerResponse) => void;
+  echo.removeAllListeners('request');
+  echo.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const m = /^\/stream\?n=(\d+)$/.exec(req.url ?? '');
+    if (!m) return plain(req, res);
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    let n = 0;
+    const timer = setInterval(() => {
+      res.write(`data: ${++n}\n\n`);
+      if (n === Number(m[1])) {
+        clearInterval(timer);
+        res.end();
+      }
+    }, STREAM_EVERY_MS);
+    res.on('close', () => clearInterval(timer));
+  });
+}
+
+/** A stream through Nginx: resolves with the number of events once it has ended, rejects if it was cut. */
+function openStream(port: number, events: number): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = httpGet({ host: '127.0.0.1', port, path: `/stream?n=${events}`, headers: { host: 'app.gw.test' } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => (body += d));
+      res.on('close', () =>
+        res.complete && res.statusCode === 200
+          ? resolve((body.match(/^data: /gm) ?? []).length)
+          : reject(new Error(`the stream was cut (status ${res.statusCode}) after: ${body.slice(-100)}`)),
+      );
+    });
+    req.on('error', reject);
+  });
+}
+
 describe('host update and rollback on an installed host', { timeout: 900_000 }, () => {
   let work: string;
   let root: string;
@@ -449,6 +489,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     [apiPort, httpPort, echoPort] = (await freePorts(3)) as [number, number, number];
     const [httpsPort] = (await freePorts(1)) as [number];
     echo = await startEcho('app', { port: echoPort });
+    withStream(echo);
     const installed = await installHost(root, tarballs.base, settings, [
       `stateDir: ${join(root, 'state')}`,
       `apiPort: ${apiPort}`,
@@ -503,8 +544,12 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     expect(before).toBeGreaterThan(0);
     // A steady client through Nginx for the whole update: the new gateway takes over from the old.
     const load = steadyLoad(serves);
+    // An event stream open on the old gateway across the update (its install takes seconds): it
+    // runs to its end on the old one, which drains it.
+    const stream = openStream(httpPort, 100);
     const r = await update(tarballs.next, '0.1.1');
     const seen = await load.stop();
+    expect(await stream).toBe(100);
     console.log(
       `update to 0.1.1: ${r.ms} ms (exit ${r.code}); ${seen.ok} requests answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms\n${r.stdout}`,
     );
@@ -571,8 +616,10 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
 
   it('rolls back a package whose daemon does not start: exit 3, the previous slot serves throughout', async () => {
     const load = steadyLoad(serves);
+    const stream = openStream(httpPort, 150);
     const r = await update(tarballs.brokenDaemon, '0.1.3', 10);
     const seen = await load.stop();
+    expect(await stream).toBe(150);
     console.log(
       `update to a broken daemon, rolled back: ${r.ms} ms (exit ${r.code}); ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms`,
     );
@@ -609,6 +656,8 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
   it('systemctl restart hands over too: told to stop, the gateway serves until the new one takes over', async () => {
     const before = listenerPid(apiPort);
     const load = steadyLoad(serves);
+    const stream = openStream(httpPort, 50);
+    await new Promise((res) => setTimeout(res, 300));
     const r = await run([...settings.systemctl, 'restart', `${settings.unitName}.service`], 60_000);
     expect(r.code, r.stderr).toBe(0);
     await eventually(async () => {
@@ -619,6 +668,7 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     const seen = await load.stop();
     console.log(`systemctl restart: ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms`);
     expect(seen.failed, journal()).toEqual([]);
+    expect(await stream).toBe(50);
     expect(seen.ok).toBeGreaterThan(10);
   });
 
