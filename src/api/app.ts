@@ -44,6 +44,12 @@ export interface AppOptions {
    * stats and the dstack routes never answer a request that came from the internet.
    */
   proxied?: { header: string; prefix: string };
+  /**
+   * Requests still answered while the app closes (Fastify's 503 otherwise): connections handed
+   * to its server after its port closed (the gateway's data plane gives it the model API's) are
+   * served until the process ends.
+   */
+  serveWhileClosing?: boolean;
 }
 
 /**
@@ -75,6 +81,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
     loggerInstance: (options.logger || undefined) as FastifyBaseLogger | undefined,
     bodyLimit: MAX_DOCUMENT_BYTES,
     logController: new LogController({ disableRequestLogging: true }),
+    return503OnClosing: options.serveWhileClosing !== true,
   });
   installErrorHandlers(app);
   // Two Host headers make the target ambiguous (RFC 9112 §3.2): refused on every route, as Nginx does.

@@ -62,7 +62,7 @@ export interface Profile {
   /** The listeners and their route modules; the first is the daemon's main app. */
   listeners(d: Assembly): Promise<ListenerProfile[]>;
   /** Once the apps are built, before they listen (the private Nginx, the access-log tail). */
-  beforeListen?(): Promise<void>;
+  beforeListen?(apps: FastifyInstance[]): Promise<void>;
   /** Once every listener listens, before the first pass (fills in ports picked by the kernel). */
   listening?(ports: number[], d: Assembly): void;
   /**
@@ -173,7 +173,7 @@ export async function assemble(profile: Profile): Promise<Daemon> {
       apps.push(app);
     }
 
-    await profile.beforeListen?.();
+    await profile.beforeListen?.(apps);
     const ports: number[] = [];
     const listen = async (retryMs: number): Promise<void> => {
       for (const [i, l] of listeners.entries()) {

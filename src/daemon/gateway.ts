@@ -9,7 +9,10 @@ import { checkManagementExposure, readApiToken } from '../api/api-token.js';
 import { systemClock, type Clock } from '../clock.js';
 import { checkDstackCompatHost } from '../compat/dstack/index.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
+import type { Server } from 'node:http';
 import { liveDataPlane } from '../dataplane/index.js';
+import { detailResponse } from '../dataplane/detail.js';
+import type { ModelApiHandOff } from '../dataplane/relay-connection.js';
 import { ProxyError } from '../errors.js';
 import { accessLogPath, prepareGatewayHost, socketDirOf, type GatewayHost } from '../gateway/nginx-host.js';
 import type { GatewayOptions } from '../gateway/options.js';
@@ -57,6 +60,15 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let controller!: Pick<Controller, 'statuses'>;
   /** The gateway this one takes over from (--take-over true), found serving this state dir at start. */
   let predecessor: { pid: number | null } | undefined;
+  /** The API's HTTP server, once built: the data plane gives it the model API's connections. */
+  let apiServer: Server | undefined;
+  const modelApi: ModelApiHandOff = (socket, head) => {
+    // The data plane is bound before the API is built: a model request this early waits for nothing.
+    if (apiServer === undefined) return void socket.end(detailResponse(503, 'the model API is starting', false));
+    if (head.length > 0) socket.unshift(head);
+    apiServer.emit('connection', socket);
+    socket.resume();
+  };
   // Both touch nothing until used.
   const firstSeen = fileFirstSeenStore(join(stateDir, 'models.json'));
   const auth = gatewayAuth(options, logger, deps.clock);
@@ -93,7 +105,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       host = await prepareGatewayHost(options, logger, () => d.controller.notify());
       // Taking over: the shared socket is bound beside the running gateway's, and Nginx is
       // pointed at it once this process serves the document (takeOver below).
-      const loopDeps = predecessor ? { ...deps, ssh: { ...deps.ssh, handOver: true } } : deps;
+      const loopDeps = { ...deps, ssh: { ...deps.ssh, modelApi, ...(predecessor ? { handOver: true } : {}) } };
       loops = gatewayLoops(options, host, () => d.current().generation, loopDeps, auth);
       // The data-plane socket before anything can name a service: a host the document has
       // just brought in reaches it (404 until the data plane has it), never a missing path.
@@ -107,10 +119,15 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen, auth });
       // The entrypoint sites proxy the model API to this listener: what they bring reaches nothing else.
       const proxied = { header: ENTRYPOINT_KEY_HEADER, prefix: '/api/models/' };
-      return [{ host: options.apiHost, port: options.apiPort, app: { ...(apiToken ? { apiToken } : {}), routes, proxied } }];
+      // serveWhileClosing: the model API's connections come from the data plane, which serves
+      // on while this process drains (or waits for a successor).
+      const app = { ...(apiToken ? { apiToken } : {}), routes, proxied, serveWhileClosing: true };
+      return [{ host: options.apiHost, port: options.apiPort, app }];
     },
-    async beforeListen() {
+    async beforeListen([app]) {
       stats.start();
+      await app!.ready();
+      apiServer = app!.server;
     },
     listening([port], d) {
       // With --api-port 0 the sites learn the real port before the first pass renders them.

@@ -20,7 +20,7 @@ import { connect, createServer, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import { systemClock, type Clock } from '../clock.js';
-import { RelayConnection } from './relay-connection.js';
+import { RelayConnection, type ModelApiHandOff } from './relay-connection.js';
 import type { Replicas } from './replicas.js';
 import { SHARED_SOCKET_NAME } from './service-header.js';
 
@@ -38,6 +38,8 @@ export interface BalancerOptions {
   shared?: boolean;
   /** The control-server token check of by-host requests for `auth: true` services; without it they answer 503. */
   hostAuth?: HostAuthorize;
+  /** Where a connection for the gateway's model API goes (an entrypoint site's); without it they answer 503. */
+  modelApi?: ModelApiHandOff;
   /**
    * With `shared`: the link at the shared path is left to a running gateway's socket until
    * publish() (a hand-over); without it, it points at this one's as soon as it is bound.
@@ -357,7 +359,7 @@ export class Balancer {
     this.stats.accepted++;
     this.#clients.add(client);
     client.on('error', () => client.destroy());
-    const relay = new RelayConnection(serviceKey, client, this.#o.replicas, this.stats, this.#o.hostAuth);
+    const relay = new RelayConnection(serviceKey, client, this.#o.replicas, this.stats, this.#o.hostAuth, this.#o.modelApi);
     this.#relays.add(relay);
     client.once('close', () => {
       this.#clients.delete(client);

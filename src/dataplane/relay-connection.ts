@@ -35,7 +35,7 @@ import { detailResponse } from './detail.js';
 import { DataPlaneError, statusFor } from './errors.js';
 import type { Replicas } from './replicas.js';
 import { checkAnswer, CORS_LINES, preflightAnswer, refusalAnswer, type HostAuthorize, type HostDecision } from './host-auth.js';
-import { AUTH_CHECK_PREFIX, BY_HOST, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
+import { AUTH_CHECK_PREFIX, BY_HOST, MODEL_API, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from './service-header.js';
 import { splice } from './splice.js';
 
 /** What a relayed connection reports to its balancer. */
@@ -57,6 +57,12 @@ const BODY_HIGH_WATER = 64 * 1024;
 const LINGER_MS = 2_000;
 const CONTINUE = 'HTTP/1.1 100 Continue\r\n\r\n';
 
+/**
+ * Takes over a connection whose first request is for the model API: `head` holds the bytes read
+ * from it so far (that request's head, maybe some of its body), to be read again first.
+ */
+export type ModelApiHandOff = (socket: Socket, head: Buffer) => void;
+
 export class RelayConnection {
   /** Bytes read and not yet taken (a partial head, later requests). */
   #buf: Buffer = EMPTY;
@@ -72,6 +78,8 @@ export class RelayConnection {
   #passed: string | null = null;
   /** Another process serves new connections: the next request here is the last. */
   #draining = false;
+  /** No request has been taken from this connection yet. */
+  #first = true;
   #waitingDrain = false;
   readonly #onData = (chunk: Buffer): void => this.#data(chunk);
   readonly #onEnd = (): void => this.#clientEnded();
@@ -94,6 +102,7 @@ export class RelayConnection {
     private readonly replicas: Replicas,
     private readonly stats: RelayStats,
     private readonly hostAuth?: HostAuthorize,
+    private readonly modelApi?: ModelApiHandOff,
   ) {
     socket.on('data', this.#onData);
     socket.on('end', this.#onEnd);
@@ -143,6 +152,8 @@ export class RelayConnection {
       return this.#close(detailResponse(r.status, a.detail, false));
     }
     const head = r.head;
+    const first = this.#first;
+    this.#first = false;
     if (this.#draining) head.keepAlive = false;
     let service = this.serviceKey;
     /** A by-host request for a service whose site adds CORS: ours replace the replica's. */
@@ -156,6 +167,7 @@ export class RelayConnection {
         return this.#close(detailResponse(a.status, a.detail, false));
       }
       if (service.startsWith(AUTH_CHECK_PREFIX)) return this.#authCheck(head, service.slice(AUTH_CHECK_PREFIX.length));
+      if (service === MODEL_API) return this.#toModelApi(first);
       if (service === BY_HOST) {
         const routed = this.replicas.routeForHost(hostOf(head.rawHeaders));
         if (routed === undefined) return this.#unknownHost(head);
@@ -212,6 +224,27 @@ export class RelayConnection {
       { method: head.method, path: head.target, headers: forwardHeaders(head.rawHeaders), body, validated: true },
       req,
     );
+  }
+
+  /**
+   * A request for the gateway's model API: the connection, with every byte read so far, goes to
+   * the API's HTTP server, and nothing here reads from it again. An entrypoint site opens a
+   * connection per request, so this is its first; on a connection that carried others (not a
+   * site of ours) it is refused.
+   */
+  #toModelApi(first: boolean): void {
+    const handOff = this.modelApi;
+    if (!first) return this.#close(detailResponse(400, 'the model API takes a connection of its own', false));
+    if (handOff === undefined) return this.#close(detailResponse(503, 'the model API is not served on this socket', false));
+    this.#done = true;
+    const s = this.socket;
+    s.pause();
+    s.off('data', this.#onData);
+    s.off('end', this.#onEnd);
+    s.off('close', this.#onClose);
+    const bytes = this.#buf;
+    this.#buf = EMPTY;
+    handOff(s, bytes);
   }
 
   /**
@@ -734,7 +767,7 @@ function takeService(raw: string[]): string | null {
   const value = raw[at + 1]!;
   raw.copyWithin(at, at + 2);
   raw.length -= 2;
-  return value === BY_HOST || SERVICE_KEY.test(value) || AUTH_CHECK.test(value) ? value : null;
+  return value === BY_HOST || value === MODEL_API || SERVICE_KEY.test(value) || AUTH_CHECK.test(value) ? value : null;
 }
 
 /** A request head as text again, from its parsed parts (the header list as it is now). */

@@ -57,3 +57,12 @@ export const HIT_HEADER = 'X-Dstack-Proxy-Hit';
  * the same kept-alive socket as the requests, which a take-over moves without a gap.
  */
 export const AUTH_CHECK_PREFIX = 'auth-check:';
+
+/**
+ * The SERVICE_HEADER value of an entrypoint site's request for the gateway's model API: the
+ * data plane gives the whole connection to the API's HTTP server (ModelApiHandOff). The site
+ * reaches the socket without a keep-alive pool, so each such connection carries one request.
+ * Through this socket rather than the API's TCP port, a take-over or a restart moves it with
+ * the rest of the data plane, without a gap.
+ */
+export const MODEL_API = 'model-api';

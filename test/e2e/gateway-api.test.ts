@@ -249,7 +249,7 @@ describe('API token', () => {
 });
 
 describe('API port 0', () => {
-  it('renders the port the API actually listens on into the model API entrypoint', async () => {
+  it('sends the model API entrypoint and token checks to the data plane, whatever port the API listens on', async () => {
     const t0 = await startTestGateway({ apiPort0: true });
     try {
       expect(t0.apiPort).toBeGreaterThan(0);
@@ -258,7 +258,14 @@ describe('API port 0', () => {
       const r = await putState(t0, doc);
       expect(r.status, r.body).toBe(200);
       const text = await readFile(siteFile(t0, 'models.gw.test'), 'utf8');
-      expect(text).toContain(`proxy_pass http://127.0.0.1:${t0.apiPort}/api/models/main/;`);
+      // Through the data-plane socket, which gives the connection to the API's server: a
+      // take-over moves it without a gap, where the API's port changes hands.
+      expect(text).toMatch(/proxy_pass http:\/\/unix:\/\S+\/dataplane\.sock:\/api\/models\/main\/;/);
+      expect(text).toContain('proxy_set_header X-Dstack-Proxy-Service model-api;');
+      const models = await send({ port: t0.httpPort, host: 'models.gw.test', path: '/models' });
+      // The model API's own answer (no control server here to pass a token).
+      expect(models.status, models.body).toBe(403);
+      expect(JSON.parse(models.body)).toMatchObject({ error: { type: 'permission_error' } });
       // A service's token check goes to the data plane, not the API port.
       expect(await readFile(siteFile(t0, 'guarded.gw.test'), 'utf8')).toContain('proxy_set_header X-Dstack-Proxy-Service auth-check:main;');
     } finally {

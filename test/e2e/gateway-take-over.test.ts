@@ -3,9 +3,10 @@
 // own master): the new one converges beside the old, points Nginx's data-plane socket at itself,
 // tells the old one to stop, and listens on its API port. A steady client through Nginx to a
 // direct replica, to one behind a real sshd (the new process has its own tunnels up before it
-// is served) and to an `auth: true` service (the token check goes to the data plane, not to the
-// API port that changes hands) gets every answer, and a stream open on the old process runs to
-// its end while the old one drains.
+// is served), to an `auth: true` service (the token check goes to the data plane, not to the
+// API port that changes hands) and to the model API's entrypoint (through the data plane too)
+// gets every answer, and a stream open on the old process runs to its end while the old one
+// drains.
 
 import { spawn } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
@@ -25,8 +26,13 @@ import { freePorts } from '../helpers/ports.js';
 import { generateKey, startSshd, type ClientKey, type TestSshd } from '../helpers/sshd.js';
 import { directReplica, integrationDoc, startControlServer, type ControlServer } from './integration-harness.js';
 
-/** A direct replica, one behind sshd, and one whose token the control server checks. */
-const HOSTS = ['svc.gw.test', 'tunnel.gw.test', 'guarded.gw.test'];
+/**
+ * A direct replica, one behind sshd, one whose token the control server checks, and the model
+ * API's entrypoint (the data plane gives its connections to the API's server).
+ */
+const HOSTS = ['svc.gw.test', 'tunnel.gw.test', 'guarded.gw.test', 'models.gw.test'];
+/** What the steady client asks each host for. */
+const pathOf = (host: string): string => (host === 'models.gw.test' ? '/models' : '/');
 
 /** Events the stream sends, one every STREAM_EVERY_MS: it outlives the hand-over, not the drain. */
 const STREAM_EVENTS = 20;
@@ -152,6 +158,7 @@ describe('gateway --take-over true', () => {
       path: '/api/v1/state',
       body: integrationDoc({
         sshPrivateKey: key.privateKey,
+        entrypoints: [{ domain: 'models.gw.test' }],
         services: [
           { run: 'svc', domain: 'svc.gw.test', replicas: [directReplica('r0', replicaPort)] },
           { run: 'guarded', domain: 'guarded.gw.test', auth: true, replicas: [directReplica('g0', replicaPort)] },
@@ -164,10 +171,10 @@ describe('gateway --take-over true', () => {
       }),
     });
     expect(put.status).toBe(200);
-    await eventually(
-      async () => ((await get()).status === 200 && (await get('/', 'tunnel.gw.test')).status === 200 ? true : undefined),
-      20_000,
-    );
+    await eventually(async () => {
+      for (const host of HOSTS) if ((await get(pathOf(host), host)).status !== 200) return undefined;
+      return true;
+    }, 20_000);
     const link = join(dir, 'state-nginx', 'sockets', 'dataplane.sock');
     expect(await readlink(link)).toMatch(new RegExp(`^instances/${a.child.pid}\\.`));
 
@@ -181,7 +188,7 @@ describe('gateway --take-over true', () => {
       let n = 0;
       while (steady) {
         const host = HOSTS[n++ % HOSTS.length]!;
-        const r = await get('/', host).catch((err: unknown) => ({ status: 0, body: String(err) }));
+        const r = await get(pathOf(host), host).catch((err: unknown) => ({ status: 0, body: String(err) }));
         const now = performance.now();
         if (r.status === 200) {
           answered++;
@@ -292,7 +299,7 @@ describe('gateway --take-over true', () => {
       let n = 0;
       while (steady) {
         const host = HOSTS[n++ % HOSTS.length]!;
-        const r = await get('/', host).catch((err: unknown) => ({ status: 0, body: String(err) }));
+        const r = await get(pathOf(host), host).catch((err: unknown) => ({ status: 0, body: String(err) }));
         if (r.status === 200) answered++;
         else failures.push(`${host} ${r.status} ${r.body.slice(0, 200)}`);
         await new Promise((res) => setTimeout(res, 5));

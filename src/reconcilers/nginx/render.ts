@@ -23,7 +23,14 @@
 // Load balancers the operator names (GlobalView.trustedProxies) are the one exception: their
 // X-Forwarded-For and X-Forwarded-Proto are believed (trustedProxies below).
 
-import { AUTH_CHECK_PREFIX, BY_HOST, HIT_HEADER, SERVICE_HEADER, UNKNOWN_HOST_LOCATION } from '../../dataplane/service-header.js';
+import {
+  AUTH_CHECK_PREFIX,
+  BY_HOST,
+  HIT_HEADER,
+  MODEL_API,
+  SERVICE_HEADER,
+  UNKNOWN_HOST_LOCATION,
+} from '../../dataplane/service-header.js';
 import { MODEL_CORS_HEADERS, MODEL_CORS_METHODS, MODEL_CORS_ORIGIN } from '../../spec/cors.js';
 import { MARKER, quote } from './names.js';
 import type { EntrypointSiteView, GlobalView, ServiceSiteView, SiteCommon, SiteView } from './view.js';
@@ -520,6 +527,7 @@ function renderEntrypointSite(v: EntrypointSiteView): string {
       `proxy_pass ${v.target};`,
       'proxy_http_version 1.1;',
       ...forwardedHeaders(v),
+      ...(v.viaDataplane ? [`proxy_set_header ${SERVICE_HEADER} ${MODEL_API};`] : []),
       // The key that tells the model API this request came through its own Nginx, which set X-Real-IP.
       ...(v.keyInclude ? [`include ${quote(v.keyInclude)};`] : []),
       'proxy_set_header Connection "";',

@@ -144,6 +144,8 @@ export interface EntrypointSiteView extends SiteCommon {
   kind: 'entrypoint';
   /** proxy_pass target: the model API of the project. */
   target: string;
+  /** The target is the shared data-plane socket, which gives the connection to the model API. */
+  viaDataplane: boolean;
   /** Included in the proxying location (ViewOptions.entrypointKeyInclude), or null. */
   keyInclude: string | null;
 }
@@ -200,6 +202,12 @@ function unixAddress(path: string, what: string, hint = ''): string {
   if (!path.startsWith('/')) throw new ProxyError('DP_ERR_BAD_OPTION', `${what} must be absolute, got ${path}`);
   if (Buffer.byteLength(path) > 107)
     throw new ProxyError('DP_ERR_BAD_OPTION', `${what} is longer than 107 bytes (a Unix socket limit): ${path}${hint}`);
+  // Written into the config unquoted, and a ':' would end the path in a `http://unix:…:/uri` target.
+  if (/[\s;{}'"\\$#:\u0000-\u001f\u007f]/.test(path))
+    throw new ProxyError(
+      'DP_ERR_BAD_OPTION',
+      `${what} holds a character Nginx's config cannot take unquoted (space, ; { } ' " \\ $ # :): ${path}`,
+    );
   return `unix:${path}`;
 }
 
@@ -268,7 +276,11 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
     sites.push(serviceSite(s, common(s.domain, s.project, s.https), target, apiUrl));
   }
   const keyInclude = opts.entrypointKeyInclude ?? null;
-  for (const e of state.spec.entrypoints) sites.push(entrypointSite(e, common(e.domain, e.project, e.https), apiUrl, keyInclude));
+  // Through the data plane's socket when there is one: a take-over moves it without a gap, where
+  // the API's TCP port changes hands.
+  const modelApiUrl = dataplane ? `http://${dataplane.server}:` : apiUrl;
+  for (const e of state.spec.entrypoints)
+    sites.push(entrypointSite(e, common(e.domain, e.project, e.https), modelApiUrl, dataplane !== null, keyInclude));
 
   const seen = new Set<string>();
   for (const site of sites) {
@@ -365,10 +377,17 @@ function allowedLocations(limitsByPrefix: ReadonlyMap<string, LocationView>): Lo
   return out;
 }
 
-function entrypointSite(e: Entrypoint, common: SiteCommon, apiUrl: string, keyInclude: string | null): EntrypointSiteView {
+function entrypointSite(
+  e: Entrypoint,
+  common: SiteCommon,
+  apiUrl: string,
+  viaDataplane: boolean,
+  keyInclude: string | null,
+): EntrypointSiteView {
   return {
     ...common,
     kind: 'entrypoint',
+    viaDataplane,
     keyInclude,
     clientMaxBodySize: 64 * 1024 * 1024, // 64 MiB, the service default
     cors: true,

@@ -18,6 +18,7 @@
 // is served without waiting for the reload that drops its site.
 
 import type { HostAuthorize } from '../../dataplane/host-auth.js';
+import type { ModelApiHandOff } from '../../dataplane/relay-connection.js';
 import { join } from 'node:path';
 import type { Algorithms } from 'ssh2';
 import type { ProxyState } from '../../spec/types.js';
@@ -83,6 +84,8 @@ export interface SshLoopOptions {
   hostRoutes?: boolean;
   /** The control-server token check of by-host requests for `auth: true` services (see Balancer). */
   hostAuth?: HostAuthorize;
+  /** The gateway's model API, for the entrypoint sites' connections on the shared socket. */
+  modelApi?: ModelApiHandOff;
   /** SSH keepalive: a ping every keepaliveIntervalMs, dead after keepaliveCountMax misses. Default 15_000 and 3. */
   keepaliveIntervalMs?: number;
   keepaliveCountMax?: number;
@@ -166,6 +169,7 @@ export function createSshLoop(o: SshLoopOptions): SshLoop {
     ...(o.handOver ? { handOver: true } : {}),
     ...(o.socketMode !== undefined ? { socketMode: o.socketMode } : {}),
     ...(o.hostAuth ? { hostAuth: o.hostAuth } : {}),
+    ...(o.modelApi ? { modelApi: o.modelApi } : {}),
     ...(o.socketUid !== undefined ? { socketUid: o.socketUid } : {}),
     ...(o.socketGid !== undefined ? { socketGid: o.socketGid } : {}),
     clock,
