@@ -15,6 +15,8 @@ export interface ServiceRequestMetric {
   run: string;
   requests: number;
   requestTimeSeconds: number;
+  /** Those requests by status class: index 1-5 for 1xx-5xx, 0 for anything else. */
+  byClass?: ArrayLike<number>;
 }
 
 export interface AccessLogMetric {
@@ -44,6 +46,8 @@ export interface Metrics {
 }
 
 const P = 'dstack_proxy_';
+/** A status class's label, by the status's first digit (0: none of 1-5). */
+const CLASS_NAMES = ['other', '1xx', '2xx', '3xx', '4xx', '5xx'];
 
 export function createMetrics(sources: MetricsSources = {}, opts: { defaultMetrics?: boolean } = {}): Metrics {
   const registry = new Registry();
@@ -113,6 +117,16 @@ export function createMetrics(sources: MetricsSources = {}, opts: { defaultMetri
   );
   family('counter', 'service_request_duration_seconds_total', 'Sum of request times of those requests.', ['project', 'run'], async () =>
     (await services()).map((s) => [{ project: s.project, run: s.run }, s.requestTimeSeconds]),
+  );
+  family(
+    'counter',
+    'service_responses_total',
+    'Those requests by the class of their status (code: 2xx ... 5xx, or other).',
+    ['project', 'run', 'code'],
+    async () =>
+      (await services()).flatMap((s) =>
+        s.byClass ? CLASS_NAMES.map((code, i): MetricSample => [{ project: s.project, run: s.run, code }, s.byClass![i]!]) : [],
+      ),
   );
 
   const log = (pick: (a: AccessLogMetric) => number) => async (): Promise<MetricSample[]> => {

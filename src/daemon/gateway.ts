@@ -11,6 +11,7 @@ import { checkDstackCompatHost } from '../compat/dstack/index.js';
 import { gatewayLoops, apiTarget, type GatewayLoopDeps } from '../gateway/loops.js';
 import type { Server } from 'node:http';
 import { liveDataPlane } from '../dataplane/index.js';
+import { countWriteFailures } from '../state/write-failures.js';
 import { detailResponse } from '../dataplane/detail.js';
 import type { ModelApiHandOff } from '../dataplane/relay-connection.js';
 import { ProxyError } from '../errors.js';
@@ -60,6 +61,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   let controller!: Pick<Controller, 'statuses'>;
   /** The gateway this one takes over from (--take-over true), found serving this state dir at start. */
   let predecessor: { pid: number | null } | undefined;
+  let writeFailures = (): number => 0;
   /** The API's HTTP server, once built: the data plane gives it the model API's connections. */
   let apiServer: Server | undefined;
   const modelApi: ModelApiHandOff = (socket, head) => {
@@ -97,7 +99,11 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       predecessor = await findPredecessor(options, logger);
     },
     // A corrupt state.json fails here, before anything else is touched.
-    store: () => openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }),
+    async store() {
+      const store = countWriteFailures(await openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }));
+      writeFailures = () => store.writeFailures();
+      return store;
+    },
     async loops(d) {
       controller = { statuses: () => d.controller.statuses() };
       // Closed after the loops: a data plane still draining checks tokens with it.
@@ -116,7 +122,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     onGeneration: async (s) => void (await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000))),
     async listeners(d) {
       d.defer(() => stats.stop());
-      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen, auth });
+      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen, auth, writeFailures });
       // The entrypoint sites proxy the model API to this listener: what they bring reaches nothing else.
       const proxied = { header: ENTRYPOINT_KEY_HEADER, prefix: '/api/models/' };
       // serveWhileClosing: the model API's connections come from the data plane, which serves

@@ -69,7 +69,7 @@ export const OPTION_SPECS = {
   apiPort: {
     kind: 'port',
     default: 8000,
-    help: 'port of the management API (also the auth_request and model API target of the Nginx sites)',
+    help: 'port of the management API and of the model API (/api/models/<project>); the sites reach the model API and token checks through the data-plane socket',
   },
   nginx: {
     kind: 'enum',

@@ -6,7 +6,7 @@ import { thisHostOnly } from '../api/api-token.js';
 import { authRoutes } from '../api/auth-routes.js';
 import { metricsRoutes } from '../api/metrics.js';
 import { statsRoutes } from '../api/stats-routes.js';
-import { createControlServerAuth, noServerAuth, type AuthProvider } from '../auth/index.js';
+import { createControlServerAuth, noServerAuth } from '../auth/index.js';
 import type { RouteModule } from '../api/app.js';
 import { byHostEligible } from '../reconcilers/ssh/host-routes.js';
 import type { Clock } from '../clock.js';
@@ -16,20 +16,22 @@ import type { StateStore, StoredState } from '../state/store.js';
 import { entrypointClient, nginxForwarder, registerModelApi, type FirstSeenStore } from '../models/index.js';
 import type { StatsCollector } from '../stats/index.js';
 import type { GatewayLoops } from './loops.js';
+import { countDecisions, type CountedAuth } from '../auth/counted.js';
 import { gatewayMetrics } from './metrics-sources.js';
 import type { GatewayHost } from './nginx-host.js';
 import type { GatewayOptions } from './options.js';
 
 /** The token check of every path: the control server's (cached), or none without --server-url. */
-export function gatewayAuth(options: GatewayOptions, logger: Logger, clock: Clock | undefined): AuthProvider {
-  if (!options.serverUrl) return noServerAuth;
-  return createControlServerAuth({
+export function gatewayAuth(options: GatewayOptions, logger: Logger, clock: Clock | undefined): CountedAuth {
+  if (!options.serverUrl) return countDecisions(noServerAuth);
+  const auth = createControlServerAuth({
     serverUrl: options.serverUrl,
     ttlMs: options.authCacheTtl * 1000,
     timeoutMs: options.authTimeout * 1000,
     logger: logger.child({ component: 'auth' }),
     ...(clock ? { clock } : {}),
   });
+  return countDecisions(auth);
 }
 
 /** What the routes need of the daemon being assembled. */
@@ -53,7 +55,15 @@ export function gatewayRoutes(
     stats,
     firstSeen,
     auth,
-  }: { host: GatewayHost; loops: GatewayLoops; stats: StatsCollector; firstSeen: FirstSeenStore; auth: AuthProvider },
+    writeFailures,
+  }: {
+    host: GatewayHost;
+    loops: GatewayLoops;
+    stats: StatsCollector;
+    firstSeen: FirstSeenStore;
+    auth: CountedAuth;
+    writeFailures: () => number;
+  },
 ): RouteModule[] {
   const clock = d.clock ? { clock: d.clock } : {};
   // Model calls go through our own Nginx with the service's Host: load-balanced, rate-limited
@@ -61,7 +71,7 @@ export function gatewayRoutes(
   // there: the model API checks the token itself).
   const modelForwarder = nginxForwarder({ socketPath: host.internal.socketPath });
   d.defer(() => modelForwarder.close());
-  const metrics = gatewayMetrics(d.controller, d.current, stats, loops);
+  const metrics = gatewayMetrics(d.controller, d.current, stats, loops, { auth, writeFailures });
   const dstackCompat = options.dstackCompat === 'true';
   return [
     // Nginx calls the auth target for every request: never behind the API token, and for

@@ -17,6 +17,8 @@ export interface ServiceTotals {
   /** Since the collector started (monotonic: Prometheus counters). */
   requests: number;
   requestTimeSeconds: number;
+  /** Those requests by status class: index 1-5 for 1xx-5xx, 0 for anything else. */
+  byClass: ArrayLike<number>;
 }
 
 export interface StatsCounters extends ParseCounters, TailCounters {
@@ -58,6 +60,8 @@ export interface StatsCollector {
 }
 
 export const DEFAULT_STATS_POLL_MS = 1_000; // 1 s
+
+const NO_CLASSES: readonly number[] = [0, 0, 0, 0, 0, 0];
 
 export function createStatsCollector(o: StatsCollectorOptions): StatsCollector {
   const clock = o.clock ?? systemClock;
@@ -127,6 +131,7 @@ export function createStatsCollector(o: StatsCollectorOptions): StatsCollector {
           domain: s.domain,
           requests: h?.totalRequests ?? 0,
           requestTimeSeconds: (h?.totalTimeMs ?? 0) / 1000,
+          byClass: h?.byClass ?? NO_CLASSES,
         });
       }
       return out;

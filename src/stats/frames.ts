@@ -46,6 +46,8 @@ export class HostFrames {
   readonly ring = new Int32Array(FRAME_SLOTS * 3);
   totalRequests = 0;
   totalTimeMs = 0;
+  /** Requests by the status's first digit (index 1-5; 0: anything else), since the start. */
+  readonly byClass = new Float64Array(6);
   /** Newest second seen, for pruning. */
   lastSec = -1;
 
@@ -56,9 +58,10 @@ export class HostFrames {
     for (let i = 0; i < FRAME_SLOTS; i++) this.ring[i * 3] = -1;
   }
 
-  add(sec: number, ms: number): void {
+  add(sec: number, ms: number, statusClass = 0): void {
     this.totalRequests++;
     this.totalTimeMs += ms;
+    this.byClass[statusClass]!++;
     if (sec > this.lastSec) this.lastSec = sec;
     const rel = sec - EPOCH_BASE;
     if (rel < 0) return; // before 2020: a broken clock, outside every window
@@ -134,7 +137,8 @@ export class FrameTable {
   }
 
   /** Count one request of the host named by buf[start, end) (hash = hashBytes of it). */
-  addBytes(buf: Uint8Array, start: number, end: number, hash: number, sec: number, ms: number): void {
+  /** `statusClass`: the status's first digit, 1-5, or 0 for anything else. */
+  addBytes(buf: Uint8Array, start: number, end: number, hash: number, sec: number, ms: number, statusClass: number): void {
     const slots = this.#slots;
     const mask = slots.length - 1;
     const len = end - start;
@@ -147,17 +151,17 @@ export class FrameTable {
       let j = 0;
       while (j < len && nb[j] === buf[start + j]) j++;
       if (j === len) {
-        h.add(sec, ms);
+        h.add(sec, ms, statusClass);
         return;
       }
     }
-    this.#insert(Buffer.from(buf.buffer, buf.byteOffset + start, len).toString('latin1'), hash)?.add(sec, ms);
+    this.#insert(Buffer.from(buf.buffer, buf.byteOffset + start, len).toString('latin1'), hash)?.add(sec, ms, statusClass);
   }
 
   /** Count one request of `host` (lower-case), e.g. from the in-server proxy. */
-  add(host: string, sec: number, ms: number): void {
+  add(host: string, sec: number, ms: number, statusClass = 0): void {
     const h = this.#byName.get(host) ?? this.#insert(host, hashBytes(Buffer.from(host, 'latin1'), 0, Buffer.byteLength(host, 'latin1')));
-    h?.add(sec, ms);
+    h?.add(sec, ms, statusClass);
   }
 
   get(host: string): HostFrames | undefined {

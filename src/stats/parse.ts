@@ -96,6 +96,8 @@ export function parseLines(b: Uint8Array, start: number, end: number, table: Fra
       if (ch !== SP || hostEnd === hostStart || p + 9 > end) break parse;
       // status: 3 digits
       if ((b[p + 1]! - 48) >>> 0 > 9 || (b[p + 2]! - 48) >>> 0 > 9 || (b[p + 3]! - 48) >>> 0 > 9 || b[p + 4] !== SP) break parse;
+      const first = b[p + 1]! - 48;
+      const statusClass = first >= 1 && first <= 5 ? first : 0;
       p += 5;
       // request time: digits[.digits], kept as integer milliseconds
       let whole = 0;
@@ -129,7 +131,7 @@ export function parseLines(b: Uint8Array, start: number, end: number, table: Fra
       p += 3;
       ok = true;
       if (hit) {
-        table.addBytes(b, hostStart, hostEnd, h >>> 0, sec, Math.round(ms));
+        table.addBytes(b, hostStart, hostEnd, h >>> 0, sec, Math.round(ms), statusClass);
         c.hits++;
       }
     }

@@ -95,6 +95,24 @@ describe('parseLines', () => {
   });
 });
 
+describe('status classes', () => {
+  it('counts replica hits by the first digit of their status; misses are not counted', () => {
+    const { table, c } = parse(
+      [
+        `${T0} a.test 200 0.010 1`,
+        `${T0} a.test 201 0.010 1`,
+        `${T0} a.test 404 0.010 1`,
+        `${T0} a.test 502 0.010 1`,
+        `${T0} a.test 401 0.000 0`,
+        `${T0} a.test 999 0.010 1`,
+        '',
+      ].join('\n'),
+    );
+    expect(c.malformed).toBe(0);
+    expect([...table.get('a.test')!.byClass]).toEqual([1, 0, 2, 0, 1, 1]);
+  });
+});
+
 describe('frames', () => {
   it('windows of 30/60/300 s with the mean request time', () => {
     const h = new HostFrames('a.test', 1);

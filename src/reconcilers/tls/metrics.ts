@@ -27,7 +27,7 @@ export function certificateMetricFamilies(status: () => StatusWriter | null): Me
     },
     {
       name: 'certificate_failed_attempts_total',
-      help: 'Per domain failed certificate requests.',
+      help: 'Per domain failed certificate requests since its last success (0 again once one succeeds).',
       type: 'counter',
       labelNames: ['domain'],
       read: () => rows().map(([domain, out]) => [{ domain }, out.failedAttempts] as const),
