@@ -21,6 +21,7 @@ const PACKAGES = [
   ['openssl', 'openssl'],
   ['postgresql', 'pg_ctlcluster'], // the tests start the cluster themselves (test/helpers/postgres.ts)
   ['systemd', 'systemd-analyze'], // `systemd-analyze verify` checks the host unit (test/host/render.test.ts)
+  ['chromium', 'chromium'], // the status page in a real browser (test/e2e/status-page.test.ts)
 ];
 
 function have(program) {

@@ -13,12 +13,24 @@ export function tokenGuard(token: string | undefined): (request: FastifyRequest)
   if (token === undefined) return async () => {};
   const expected = digest(token);
   return async (request) => {
-    const header = request.headers.authorization;
-    const given = header?.startsWith('Bearer ') ? header.slice(7).trim() : undefined;
+    const given = presented(request.headers.authorization);
     if (given === undefined || !timingSafeEqual(digest(given), expected)) {
       throw new ProxyError('DP_ERR_UNAUTHORIZED', 'send the API token as Authorization: Bearer <token>');
     }
   };
+}
+
+/**
+ * The token an Authorization header carries: `Bearer <token>`, or `Basic` with the token as the
+ * password (any user name), which is what a browser sends for the status page once asked.
+ */
+function presented(header: string | undefined): string | undefined {
+  if (header === undefined) return undefined;
+  if (header.startsWith('Bearer ')) return header.slice(7).trim();
+  if (!header.startsWith('Basic ')) return undefined;
+  const pair = Buffer.from(header.slice(6).trim(), 'base64').toString('utf8');
+  const colon = pair.indexOf(':');
+  return colon === -1 ? undefined : pair.slice(colon + 1);
 }
 
 function digest(s: string): Buffer {

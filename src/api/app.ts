@@ -5,6 +5,7 @@ import type { Logger } from 'pino';
 import { ProxyError } from '../errors.js';
 import { hasDuplicateHost } from '../http1/index.js';
 import { MAX_DOCUMENT_BYTES } from '../spec/index.js';
+import { statusPageRoutes } from './status-page.js';
 import { tokenGuard } from './api-token.js';
 import { installErrorHandlers } from './errors.js';
 import type { Runtime } from './runtime.js';
@@ -118,6 +119,7 @@ export async function buildApp(options: AppOptions): Promise<FastifyInstance> {
         loops: withLiveStatus(snapshot.loops, options.liveStatus?.()),
       };
     });
+  if (options.management !== false) await app.register(statusPageRoutes, { guard, tokenSet: options.apiToken !== undefined });
   app.get('/healthz', async () => ({ status: 'ok' }));
   app.get('/readyz', async (_request, reply) => {
     // startedAt: which process answered, for whoever waits for a new one (a hand-over).

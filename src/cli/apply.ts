@@ -1,6 +1,7 @@
 // `dstack-proxy apply`: PUT the document, then poll GET /api/v1/status until every loop and
 // object reports Ready for the new generation (exit 0), something fails (exit 1, listing it),
-// or --timeout passes (exit 1, naming what is not ready). One progress line per change.
+// or --timeout passes (exit 1, naming what is not ready). Each object is printed as it becomes
+// Ready; the loops' counts are a line per change, or one line redrawn in place on a terminal.
 
 import { setTimeout as sleep } from 'node:timers/promises';
 import { parseArgs } from 'node:util';
@@ -29,8 +30,10 @@ export function createApplyCommand(deps: ApplyDeps = {}): Command {
     help: `Usage: dstack-proxy apply -f FILE [--url URL] [--token-file FILE] [--timeout 120s] [--if-match N]
 
 Send the document to a running gateway (PUT /api/v1/state), then wait until every reconcile
-loop and every object it reports is Ready for the new generation, printing a line whenever
-the progress changes. A document equal to the current one changes nothing.
+loop and every object it reports is Ready for the new generation. Each object the loops act
+on is printed as it becomes Ready, with the time since the apply; the loops' counts follow as a
+line per change, or on a terminal as one line redrawn in place. A document equal to the current
+one changes nothing.
 
 Options:
   -f, --file FILE     the document (YAML or JSON); - reads standard input
@@ -85,7 +88,14 @@ Exit codes: 0 applied and converged (or no changes), 1 rejected, failed or timed
 
 export const applyCommand = createApplyCommand();
 
-/** Poll status until converged (0), failed (1) or timed out (1). */
+/** Object lines printed per poll at most; the rest are counted in one line. */
+const OBJECT_LINES_PER_POLL = 20;
+
+/**
+ * Poll status until converged (0), failed (1) or timed out (1). Each object the loops act on is
+ * printed once it is Ready, with the time since the apply; a line per loop when its count
+ * changes. On a terminal, the loops' counts are one line redrawn in place under those.
+ */
 export async function waitForConvergence(
   client: Pick<Client, 'status'>,
   generation: number,
@@ -97,26 +107,54 @@ export async function waitForConvergence(
   const started = opts.now();
   const deadline = started + timeoutMs;
   const shown = new Map<string, string>();
+  const seen = new Set<string>();
+  /** On a terminal: the progress line is on screen, to be cleared before anything else is printed. */
+  let drawn = false;
+  const print = (write: (s: string) => void, text: string): void => {
+    if (drawn) io.stdout(CLEAR_LINE);
+    drawn = false;
+    write(text);
+  };
+  const seconds = (): string => `${((opts.now() - started) / 1000).toFixed(1)}s`;
   for (;;) {
     const a = assess(await client.status(), generation);
+    let printed = 0;
+    let more = 0;
     for (const loop of a.loops) {
-      const line = progressLine(loop, generation);
-      if (shown.get(loop.loop) !== line) {
-        shown.set(loop.loop, line);
-        io.stdout(`${line}\n`);
+      for (const key of loop.readyNow) {
+        const id = `${loop.loop} ${key}`;
+        if (seen.has(id)) continue;
+        seen.add(id);
+        if (printed++ < OBJECT_LINES_PER_POLL) print(io.stdout, `  ${p.green('ready')} ${id} (${seconds()})\n`);
+        else more++;
+      }
+    }
+    if (more > 0) print(io.stdout, `  ${p.green('ready')} ${more} more objects (${seconds()})\n`);
+    if (io.isTTY) {
+      const counts = a.loops.map((l) => `${l.loop} ${l.ready}/${l.total}`).join(', ');
+      io.stdout(`${drawn ? CLEAR_LINE : ''}generation ${generation}: ${counts} ready (${seconds()})`);
+      drawn = true;
+    } else {
+      for (const loop of a.loops) {
+        const line = progressLine(loop, generation);
+        if (shown.get(loop.loop) !== line) {
+          shown.set(loop.loop, line);
+          io.stdout(`${line}\n`);
+        }
       }
     }
     if (a.failures.length > 0) {
-      io.stderr(`${p.red(`generation ${generation} failed to converge`)}:\n${a.failures.map((f) => `  ${f}\n`).join('')}`);
+      print(io.stderr, `${p.red(`generation ${generation} failed to converge`)}:\n${a.failures.map((f) => `  ${f}\n`).join('')}`);
       return 1;
     }
     const elapsed = opts.now() - started;
     if (a.converged) {
-      io.stdout(`${p.green('converged')}: generation ${generation} in ${(elapsed / 1000).toFixed(1)}s\n`);
+      print(io.stdout, `${p.green('converged')}: generation ${generation} in ${(elapsed / 1000).toFixed(1)}s\n`);
       return 0;
     }
     if (opts.now() >= deadline) {
-      io.stderr(
+      print(
+        io.stderr,
         `timed out after ${(timeoutMs / 1000).toFixed(1)}s waiting for generation ${generation}; not ready:\n${a.pending.map((f) => `  ${f}\n`).join('')}`,
       );
       return 1;
@@ -124,3 +162,6 @@ export async function waitForConvergence(
     await sleep(Math.min(opts.pollIntervalMs, Math.max(0, deadline - opts.now())));
   }
 }
+
+/** Back to the start of the line, and erase it. */
+const CLEAR_LINE = '\r\x1b[2K';

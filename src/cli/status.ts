@@ -17,6 +17,8 @@ export interface LoopProgress {
   total: number;
   /** The loop finished a pass at the generation (or a later one). */
   current: boolean;
+  /** Objects the loop acted on at the generation (or later) that are Ready: the converging ones. */
+  readyNow: string[];
 }
 
 export interface Assessment {
@@ -62,6 +64,7 @@ export function assess(s: StatusResponse, generation: number): Assessment {
 
     let readyCount = 0;
     let total = 0;
+    const readyNow: string[] = [];
     for (const [key, { conditions }] of Object.entries(loop.objects)) {
       const r = find(conditions, 'Ready');
       if (r === undefined) continue;
@@ -74,11 +77,12 @@ export function assess(s: StatusResponse, generation: number): Assessment {
         if (!reported.has(c.message)) failures.push(`${name} ${key}: ${c.reason}: ${c.message}`);
       } else if (r.status === 'True' && (atLeast(r, generation) || loopOk)) {
         readyCount++;
+        if (atLeast(r, generation)) readyNow.push(key);
       } else if (current || r.status !== 'True') {
         pending.push(`${name} ${key}: Ready=${r.status}${r.reason ? ` (${r.reason}${r.message ? `: ${r.message}` : ''})` : ''}`);
       }
     }
-    loops.push({ loop: name, ready: readyCount, total, current });
+    loops.push({ loop: name, ready: readyCount, total, current, readyNow });
   }
   const converged = failures.length === 0 && pending.length === 0 && loops.every((l) => l.ready === l.total);
   return { converged, failures, pending, loops };

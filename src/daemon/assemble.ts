@@ -52,6 +52,8 @@ export interface Profile {
   store(): Promise<WatchedStateStore>;
   /** The loop modules (and whatever they need, its release deferred); the controller orders them. */
   loops(d: Assembly): Promise<AnyLoop[]>;
+  /** More top-level fields of GET /api/v1/status (the gateway: Nginx's reloads). */
+  statusExtra?(): Record<string, unknown>;
   /** Facts a dry-run plan adds per loop (the gateway: whether Nginx would reload). */
   planNotes?(loop: string, kinds: string[]): Record<string, unknown> | undefined;
   /**
@@ -165,7 +167,7 @@ export async function assemble(profile: Profile): Promise<Daemon> {
         ...l.app,
         runtime,
         logger: appLogger,
-        statusExtra: () => ({ store: store.health() }),
+        statusExtra: () => ({ store: store.health(), ...profile.statusExtra?.() }),
         // Read per status request: what changes with every request is never written as status.
         liveStatus: () => Object.fromEntries(loops.flatMap((lp) => (lp.liveStatus ? [[lp.name, lp.liveStatus()]] : []))),
       });

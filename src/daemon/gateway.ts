@@ -118,6 +118,10 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       await loops.ssh.balancer.listenShared();
       return [loops.ssh, loops.tls, loops.nginx];
     },
+    statusExtra() {
+      const n = loops.nginx.stats;
+      return { nginx: { reloads: n.reloads, reloadFailures: n.reloadFailures, lastReloadAt: n.lastReloadAt } };
+    },
     planNotes: (loop, kinds) => (loop === NGINX_LOOP ? { reload: kinds.some((k) => k !== 'conflict') } : undefined),
     onGeneration: async (s) => void (await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000))),
     async listeners(d) {

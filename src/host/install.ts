@@ -80,8 +80,12 @@ export class NotReadyError extends ProxyError {
   }
 }
 
+/** Seconds since `t` (performance.now()), for the step lines. */
+const took = (t: number): string => `${((performance.now() - t) / 1000).toFixed(1)} s`;
+
 export async function installHost(o: InstallOptions): Promise<InstallReport> {
   const log = o.log ?? (() => undefined);
+  const started = performance.now();
   const root = checkPath('--root', o.root);
   const unitName = checkUnitName(o.unitName);
   const unitDir = checkPath('--unit-dir', o.unitDir);
@@ -127,15 +131,20 @@ export async function installHost(o: InstallOptions): Promise<InstallReport> {
   const unitPath = join(unitDir, unitFile(settings));
   const unitOutcome = await put(unitPath, renderUnit({ root, timeoutStopSec: stopTimeout(options.drainPeriod) }), 0o644);
 
+  const changed = Object.values(files).filter((f) => f !== 'unchanged').length;
+  log(`wrote ${changed} of ${Object.keys(files).length} files (${took(started)})`);
+  const nginxStarted = performance.now();
   const nginxEdits = options.nginx === 'system' ? await patchSystemNginx(options) : [];
+  if (nginxEdits.length > 0) log(`edited the system nginx.conf: ${nginxEdits.join('; ')} (${took(nginxStarted)})`);
 
   const actions: string[] = [];
   const run = async (args: string[]): Promise<void> => {
-    log(`systemctl ${args.join(' ')}`);
+    const t = performance.now();
     const r = await systemctl(settings, args);
     if (r.exitCode !== 0) {
       throw new ProxyError('DP_ERR_INTERNAL', `systemctl ${args.join(' ')} exited ${r.exitCode}: ${oneLine(r.stderr || r.stdout)}`);
     }
+    log(`systemctl ${args.join(' ')} (${took(t)})`);
     actions.push(args[0]!);
   };
   const unit = unitFile(settings);
@@ -155,7 +164,9 @@ export async function installHost(o: InstallOptions): Promise<InstallReport> {
   }
 
   const url = readyUrl(options);
+  const readyStarted = performance.now();
   const ready = await waitReady(url, o.readyTimeoutMs);
+  if (ready.ready) log(`the gateway answered ${url} (${took(readyStarted)})`);
   if (!ready.ready) {
     throw new NotReadyError(
       `${unit} is not ready after ${Math.round(o.readyTimeoutMs / 1000)} s: ${ready.reason}; its logs: ${logHint(settings)}`,

@@ -174,6 +174,63 @@ describe('waitForConvergence', () => {
     },
   };
 
+  /** Generation 4 of two sites, `ready` of them Ready; the loop has passed at 4 once both are. */
+  const sites = (ready: string[]): StatusResponse => {
+    const cond = (status: 'True' | 'False', reason: string, observedGeneration = 4) => ({
+      type: 'Ready',
+      status,
+      reason,
+      message: '',
+      observedGeneration,
+      lastTransitionTime: new Date(0),
+    });
+    const s: StatusResponse = structuredClone(stuck);
+    s.loops.nginx!.conditions = [ready.length === 2 ? cond('True', 'Converged') : cond('True', 'Converged', 3)];
+    s.loops.nginx!.objects = Object.fromEntries(
+      ['a.localhost', 'b.localhost'].map((k) => [
+        k,
+        { conditions: [ready.includes(k) ? cond('True', 'Applied') : cond('False', 'Pending')] },
+      ]),
+    );
+    return s;
+  };
+
+  it('prints each object as it becomes Ready, and the counts as lines when not on a terminal', async () => {
+    let now = 0;
+    const steps = [sites([]), sites(['a.localhost']), sites(['a.localhost', 'b.localhost'])];
+    const io = captureIo();
+    const client = { status: async () => ((now += 500), steps.shift() ?? sites(['a.localhost', 'b.localhost'])) };
+    expect(await waitForConvergence(client, 4, 10_000, io, { pollIntervalMs: 0, now: () => now })).toBe(0);
+    expect(io.stdoutText).toBe(
+      [
+        'nginx: 0/2 objects ready (waiting for a pass at generation 4)',
+        '  ready nginx a.localhost (1.0s)',
+        'nginx: 1/2 objects ready (waiting for a pass at generation 4)',
+        '  ready nginx b.localhost (1.5s)',
+        'nginx: 2/2 objects ready',
+        'converged: generation 4 in 1.5s',
+        '',
+      ].join('\n'),
+    );
+  });
+
+  it('on a terminal, redraws one line of counts under the objects as they become Ready', async () => {
+    let now = 0;
+    const steps = [sites([]), sites(['a.localhost']), sites(['a.localhost', 'b.localhost'])];
+    const io = captureIo({ isTTY: true, env: { NO_COLOR: '1' } });
+    const client = { status: async () => ((now += 500), steps.shift() ?? sites(['a.localhost', 'b.localhost'])) };
+    expect(await waitForConvergence(client, 4, 10_000, io, { pollIntervalMs: 0, now: () => now })).toBe(0);
+    const clear = '\r\x1b[2K';
+    expect(io.stdoutText).toBe(
+      'generation 4: nginx 0/2 ready (0.5s)' +
+        `${clear}  ready nginx a.localhost (1.0s)\n` +
+        'generation 4: nginx 1/2 ready (1.0s)' +
+        `${clear}  ready nginx b.localhost (1.5s)\n` +
+        'generation 4: nginx 2/2 ready (1.5s)' +
+        `${clear}converged: generation 4 in 1.5s\n`,
+    );
+  });
+
   it('times out naming what is not ready (a fake clock, no waiting)', async () => {
     let now = 0;
     let polls = 0;

@@ -143,6 +143,24 @@ describe('gateway: the management API beyond loopback', () => {
     expect(metrics.body).toContain('dstack_proxy_document_generation');
     expect((await api(g.apiPort, '/api/stats/collect', { token: TOKEN })).status).toBe(200);
 
+    // The status page: a browser is asked for Basic credentials (the token as password), which
+    // its own requests then carry to /api/v1/status.
+    const basic = (password: string): Record<string, string> => ({
+      authorization: `Basic ${Buffer.from(`operator:${password}`).toString('base64')}`,
+    });
+    const page = (headers: Record<string, string> = {}): Promise<Reply> =>
+      call({ port: g.apiPort, host: '127.0.0.1', path: '/status', localAddress: OUTSIDE, headers });
+    const asked = await page();
+    expect(asked.status).toBe(401);
+    expect(asked.headers['www-authenticate']).toBe('Basic realm="dstack-proxy", charset="UTF-8"');
+    expect((await page(basic('wrong-token-0123456789abcdef'))).status).toBe(401);
+    const shown = await page(basic(TOKEN));
+    expect(shown.status).toBe(200);
+    expect(shown.headers['content-type']).toBe('text/html; charset=utf-8');
+    expect(shown.headers['content-security-policy']).toMatch(/^default-src 'none'; connect-src 'self'; script-src 'sha256-/);
+    const status = await call({ port: g.apiPort, host: '127.0.0.1', path: '/api/v1/status', localAddress: OUTSIDE, headers: basic(TOKEN) });
+    expect(status.status).toBe(200);
+
     // The data path: Nginx asks /api/auth/main (no management token) and lets a member through.
     const site = (token?: string): Promise<Reply> =>
       call({
