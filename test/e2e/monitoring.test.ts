@@ -4,7 +4,8 @@
 // server answering token checks). Every query of the dashboard returns data, every metric an
 // alert reads exists, and the alerts whose cause a test can bring about fire when it does: a
 // killed sshd (a tunnel down, a service with no ready replica), an unreachable ACME server (a
-// certificate failing) and a control server gone (token checks unavailable).
+// certificate failing), a control server gone (token checks unavailable) and, on a second
+// gateway over an operator's Nginx whose reload command fails, Nginx refusing reloads.
 
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
@@ -12,6 +13,8 @@ import type { Server } from 'node:http';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
+import { execa } from 'execa';
+import { writeMainConf } from '../../src/reconcilers/nginx/nginx-process.js';
 import { putState, type TestGateway } from '../helpers/gateway.js';
 import { close, startEcho } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
@@ -63,6 +66,10 @@ let echo: Server;
 let echoPort: number;
 let control: ControlServer;
 let t: TestGateway;
+/** A gateway over a daemonised Nginx whose reload command always fails. */
+let broken: TestGateway;
+let ngDir: string;
+let ngConf: string;
 let prom: TestPrometheus;
 
 const services = (acmeServer: string, extra: ServiceDoc[] = []): Record<string, unknown> =>
@@ -98,6 +105,23 @@ beforeAll(async () => {
   );
   const r = await putState(t, services(pebble.directoryUrl));
   expect(r.status, r.body).toBe(200);
+  ngDir = join(tmp.dir, 'nginx');
+  const paths = await writeMainConf(ngDir, { user: 'root', workerProcesses: 1 });
+  ngConf = paths.confPath;
+  const ng = await execa('/usr/sbin/nginx', ['-p', ngDir, '-c', ngConf], { reject: false });
+  expect(ng.exitCode, ng.stderr).toBe(0);
+  broken = await startGatewayWith({
+    nginx: 'system',
+    sitesDir: paths.confDir,
+    nginxConf: ngConf,
+    reloadCommand: '/bin/false',
+    testCommand: `/usr/sbin/nginx -t -q -p ${ngDir}`,
+  });
+  const b = await putState(
+    broken,
+    integrationDoc({ services: [{ run: 'site', domain: 'site.gw.test', replicas: [directReplica('x0', echoPort)] }] }),
+  );
+  expect(b.status, b.body).toBe(200);
   // The rules as shipped, with every `for:` at 0 s: an alert fires at the first evaluation that finds its cause.
   const now = readFileSync(RULES, 'utf8').replace(/^(\s+)for: .*$/gm, '$1for: 0s');
   prom = await startPrometheus(
@@ -111,7 +135,7 @@ beforeAll(async () => {
         'scrape_configs:',
         '  - job_name: dstack-proxy',
         '    static_configs:',
-        `      - targets: ['127.0.0.1:${t.apiPort}']`,
+        `      - targets: ['127.0.0.1:${t.apiPort}', '127.0.0.1:${broken.apiPort}']`,
         '',
       ].join('\n'),
     { 'rules.yml': now },
@@ -121,6 +145,8 @@ beforeAll(async () => {
 afterAll(async () => {
   await prom?.stop();
   await t?.cleanup();
+  await broken?.cleanup();
+  if (ngConf) await execa('/usr/sbin/nginx', ['-s', 'stop', '-p', ngDir, '-c', ngConf], { reject: false });
   await control?.close().catch(() => undefined);
   await sshd?.stop();
   if (echo) await close(echo);
@@ -136,8 +162,11 @@ async function traffic(n: number): Promise<void> {
   }
 }
 
-const firing = async (alert: string): Promise<Record<string, string>[]> =>
-  (await prom.alerts()).filter((a) => a.labels.alertname === alert && a.state === 'firing').map((a) => a.labels);
+/** The first gateway's alerts of that name, firing now (`of`: another gateway's). */
+const firing = async (alert: string, of: TestGateway = t): Promise<Record<string, string>[]> =>
+  (await prom.alerts())
+    .filter((a) => a.labels.alertname === alert && a.state === 'firing' && a.labels.instance === `127.0.0.1:${of.apiPort}`)
+    .map((a) => a.labels);
 
 describe('docs/monitoring', () => {
   it('promtool accepts the alert rules', () => {
@@ -154,7 +183,9 @@ describe('docs/monitoring', () => {
     );
     await eventually(async () => {
       await traffic(3);
-      return (await prom.query('sum(dstack_proxy_service_ready_replicas)'))[0]?.value[1] === '4' ? true : undefined;
+      return (await prom.query(`sum(dstack_proxy_service_ready_replicas{instance="127.0.0.1:${t.apiPort}"})`))[0]?.value[1] === '4'
+        ? true
+        : undefined;
     }, 30_000);
     const empty: string[] = [];
     await eventually(async () => {
@@ -167,9 +198,11 @@ describe('docs/monitoring', () => {
     }, 30_000).catch(() => undefined);
     expect(empty).toEqual([]);
     expect(dashboardQueries().length).toBeGreaterThanOrEqual(15);
-    // Nothing is wrong: no alert fires (once the first reloads are behind).
+    // Nothing is wrong with this gateway: none of its alerts fires (once the first reloads are behind).
     const firingNow = async (): Promise<string[]> =>
-      (await prom.alerts()).filter((a) => a.state === 'firing').map((a) => a.labels.alertname!);
+      (await prom.alerts())
+        .filter((a) => a.state === 'firing' && a.labels.instance === `127.0.0.1:${t.apiPort}`)
+        .map((a) => a.labels.alertname!);
     await eventually(async () => ((await firingNow()).length === 0 ? true : undefined), 30_000).catch(() => undefined);
     expect(await firingNow()).toEqual([]);
   }, 180_000);
@@ -210,5 +243,15 @@ describe('docs/monitoring', () => {
       return (await firing('DstackProxyAuthServerUnreachable')).length > 0 ? r : undefined;
     }, 60_000);
     expect(refused.status).toBe(500);
+  }, 120_000);
+
+  it('fires DstackProxyNginxReloadFailing and DstackProxyNginxNotConverged when Nginx refuses reloads', async () => {
+    for (const alert of ['DstackProxyNginxReloadFailing', 'DstackProxyNginxNotConverged']) {
+      const a = await eventually(async () => {
+        const f = await firing(alert, broken);
+        return f.length > 0 ? f : undefined;
+      }, 60_000);
+      expect(a[0]!.severity).toMatch(/^(warning|critical)$/);
+    }
   }, 120_000);
 });
