@@ -24,6 +24,7 @@ import { NGINX_LOOP, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import { SSH_LOOP } from '../reconcilers/ssh/index.js';
 import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
 import type { SshLoop } from '../reconcilers/ssh/index.js';
+import { openStore, redactStoreUrl } from '../state/open-store.js';
 import { openWatchedFileStore } from '../state/watched-file-store.js';
 import type { WatchedStateStore } from '../state/watched-store.js';
 import { createStatsCollector } from '../stats/index.js';
@@ -100,7 +101,12 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     },
     // A corrupt state.json fails here, before anything else is touched.
     async store() {
-      const store = countWriteFailures(await openWatchedFileStore({ stateDir, logger: logger.child({ component: 'store' }), ...clock }));
+      const storeLogger = logger.child({ component: 'store' });
+      // Several gateways on one database share one document; each converges its own Nginx.
+      const opened = options.db
+        ? await openStore(options.db, { logger: storeLogger, ...clock })
+        : await openWatchedFileStore({ stateDir, logger: storeLogger, ...clock });
+      const store = countWriteFailures(opened);
       writeFailures = () => store.writeFailures();
       return store;
     },
@@ -142,7 +148,16 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     listening([port], d) {
       // With --api-port 0 the sites learn the real port before the first pass renders them.
       loops.view.apiUrl = apiTarget(options.apiHost, port!);
-      logger.info({ port, generation: d.current().generation, nginx: options.nginx, confDir: host.confDir }, 'gateway listening');
+      logger.info(
+        {
+          port,
+          generation: d.current().generation,
+          nginx: options.nginx,
+          confDir: host.confDir,
+          db: options.db ? redactStoreUrl(options.db) : undefined,
+        },
+        'gateway listening',
+      );
     },
     takingOver: () => predecessor !== undefined,
     async takeOver() {

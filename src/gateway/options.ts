@@ -13,6 +13,7 @@ export { envName, kebab } from '../option-table.js';
 
 export interface GatewayOptions {
   stateDir: string;
+  db: string | undefined;
   apiHost: string;
   apiPort: number;
   nginx: 'private' | 'system';
@@ -60,6 +61,11 @@ export const OPTION_SPECS = {
     kind: 'string',
     default: '.dstack-proxy',
     help: 'state.json, the private Nginx prefix, sockets and certificates live here (created 0700)',
+  },
+  db: {
+    kind: 'string',
+    default: undefined,
+    help: 'where the document is kept instead of <state-dir>/state.json: postgres://… (several gateways share one document: a change through any of them, or written into the database, reaches all of them through LISTEN/NOTIFY) or sqlite:PATH (one host). The password is never printed. Everything else stays in --state-dir, per gateway',
   },
   apiHost: {
     kind: 'string',
