@@ -2,6 +2,7 @@
 // socket for every service), TLS (certbot) and Nginx (sites pointing at that socket and the
 // certificates).
 
+import { parseAcmePeers } from './acme-peers.js';
 import { tokenDecision } from '../api/auth-routes.js';
 import { noServerAuth, type AuthProvider } from '../auth/index.js';
 import { resolve } from 'node:path';
@@ -51,6 +52,7 @@ export function gatewayLoops(
     entrypointKeyInclude: host.internal.keyInclude,
     trustedProxies: parseTrustedProxies(options.trustedProxies),
     healthCheck: options.healthCheckOk === 'true',
+    acmePeers: parseAcmePeers(options.acmeChallengePeers).length > 0,
     defaultServer: options.defaultServer === 'true',
     // A new service without auth, limits or a certificate is served through our default server
     // as soon as the data plane has it, before the reload that brings its own site in.

@@ -3,6 +3,7 @@
 // stops the start with a sentence naming it.
 // docs/configuration.md documents each with its default (test/gateway/options.test.ts checks).
 
+import { parseAcmePeers } from './acme-peers.js';
 import { isAbsolute } from 'node:path';
 import { ProxyError } from '../errors.js';
 import { quote } from '../reconcilers/nginx/names.js';
@@ -14,6 +15,7 @@ export { envName, kebab } from '../option-table.js';
 export interface GatewayOptions {
   stateDir: string;
   db: string | undefined;
+  acmeChallengePeers: string | undefined;
   apiHost: string;
   apiPort: number;
   nginx: 'private' | 'system';
@@ -180,6 +182,11 @@ export const OPTION_SPECS = {
     default: 30,
     help: "seconds a removed replica's open connections may finish before they are closed, and a gateway another one took over from finishes what Nginx still sends it",
   },
+  acmeChallengePeers: {
+    kind: 'string',
+    default: undefined,
+    help: "the other replicas of this gateway behind one DNS name or load balancer, http(s)://host[:port] comma-separated: an ACME HTTP-01 challenge this gateway does not have is asked of them, so each replica can get its certificate from Let's Encrypt whichever one the validation reaches (dstack's replicated gateways, each registered on its own)",
+  },
   takeOver: {
     kind: 'enum',
     values: ['true', 'false'],
@@ -255,6 +262,7 @@ export function resolveOptions(sources: OptionSources): GatewayOptions {
     );
   }
   if (options.accessLog !== undefined) checkAccessLog(options.accessLog);
+  parseAcmePeers(options.acmeChallengePeers);
   parseTrustedProxies(options.trustedProxies);
   return options;
 }

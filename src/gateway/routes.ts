@@ -17,6 +17,7 @@ import { entrypointClient, nginxForwarder, registerModelApi, type FirstSeenStore
 import type { StatsCollector } from '../stats/index.js';
 import type { GatewayLoops } from './loops.js';
 import { countDecisions, type CountedAuth } from '../auth/counted.js';
+import { acmePeerRoutes, parseAcmePeers } from './acme-peers.js';
 import { gatewayMetrics } from './metrics-sources.js';
 import type { GatewayHost } from './nginx-host.js';
 import type { GatewayOptions } from './options.js';
@@ -80,6 +81,9 @@ export function gatewayRoutes(
       a.register(async (scope) => {
         scope.addHook('onRequest', thisHostOnly);
         await scope.register(authRoutes, { auth });
+        // The challenges this gateway's Nginx does not have, asked of its peers.
+        const peers = parseAcmePeers(options.acmeChallengePeers);
+        if (peers.length > 0) await scope.register(acmePeerRoutes, { peers });
       }),
     // Stats and metrics list every project, service, replica and domain: management data. dstack's
     // server polls the stats without a token; with its routes on, the API is loopback-only.

@@ -38,6 +38,11 @@ describe('gateway options', () => {
     [{ env: { DSTACK_PROXY_RESYNC_INTERVAL: '0' } }, /DSTACK_PROXY_RESYNC_INTERVAL: must be a number of seconds/],
     [{ flags: { nginx: 'system' } }, /--sites-dir is required with --nginx system/],
     [{ flags: { httpPort: '8080', httpsPort: '8080' } }, /both 8080/],
+    [
+      { flags: { acmeChallengePeers: 'http://10.0.0.2,http://10.0.0.3/path' } },
+      /--acme-challenge-peers: entry 2 .* without credentials or a path/,
+    ],
+    [{ flags: { acmeChallengePeers: 'ftp://10.0.0.2' } }, /--acme-challenge-peers: entry 1 .* must be http\(s\)/],
   ])('rejects %j with a sentence naming the option', (sources, message) => {
     expect(() => resolveOptions(sources)).toThrow(message);
   });

@@ -30,9 +30,22 @@ export interface TestPebble {
   destroy: () => Promise<void>;
 }
 
-export async function startPebble(opts: { eab?: Record<string, string> } = {}): Promise<TestPebble> {
+/**
+ * `validateAt`: Pebble really validates HTTP-01 challenges on that port of 127.0.0.1 (its own
+ * DNS, pebble-challtestsrv, answers 127.0.0.1 for every name); without it every challenge
+ * passes unasked.
+ */
+export async function startPebble(opts: { eab?: Record<string, string>; validateAt?: number } = {}): Promise<TestPebble> {
   const dir = await mkdtemp(join(tmpdir(), 'dp-pebble-'));
-  const [port, managementPort, httpPort, tlsPort, dnsPort] = (await freePorts(5)) as [number, number, number, number, number];
+  const [port, managementPort, freeHttpPort, tlsPort, dnsPort, dnsManagementPort] = (await freePorts(6)) as [
+    number,
+    number,
+    number,
+    number,
+    number,
+    number,
+  ];
+  const httpPort = opts.validateAt ?? freeHttpPort;
   const caPath = join(dir, 'ca.pem');
   await makeListenerCert(dir);
   const config = {
@@ -54,12 +67,28 @@ export async function startPebble(opts: { eab?: Record<string, string> } = {}): 
   const directoryUrl = `https://127.0.0.1:${port}/dir`;
   let child: ChildProcess | null = null;
   let exited: Promise<void> = Promise.resolve();
+  const dns =
+    opts.validateAt === undefined
+      ? null
+      : spawn(
+          'pebble-challtestsrv',
+          [
+            ...['-defaultIPv4', '127.0.0.1', '-defaultIPv6', '', '-dns01', `127.0.0.1:${dnsPort}`],
+            ...['-http01', '', '-https01', '', '-tlsalpn01', '', '-management', `127.0.0.1:${dnsManagementPort}`],
+          ],
+          { stdio: 'ignore' },
+        );
 
   const start = async (): Promise<void> => {
     if (child) return;
     const c = spawn('pebble', ['-config', configPath, '-dnsserver', `127.0.0.1:${dnsPort}`], {
       cwd: dir,
-      env: { ...process.env, PEBBLE_VA_ALWAYS_VALID: '1', PEBBLE_VA_NOSLEEP: '1', PEBBLE_WFE_NONCEREJECT: '0' },
+      env: {
+        ...process.env,
+        PEBBLE_VA_ALWAYS_VALID: opts.validateAt === undefined ? '1' : '0',
+        PEBBLE_VA_NOSLEEP: '1',
+        PEBBLE_WFE_NONCEREJECT: '0',
+      },
       stdio: ['ignore', 'ignore', 'ignore'],
     });
     child = c;
@@ -98,6 +127,7 @@ export async function startPebble(opts: { eab?: Record<string, string> } = {}): 
     start,
     destroy: async () => {
       await stop();
+      dns?.kill('SIGTERM');
       await rm(dir, { recursive: true, force: true });
     },
   };

@@ -103,7 +103,7 @@ export function renderGlobal(v: GlobalView): string {
         ...(v.listenInternal && !v.byHost ? [`listen ${v.listenInternal} default_server;`] : []),
         'server_name _;',
         'access_log off;',
-        ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`]),
+        ...acmeLocations(v),
         ...healthLocation(v),
         ...(v.byHost && v.dataplane ? byHostLocations(v.byHost, v.dataplane.name) : block('location /', ['return 404;'])),
       ]),
@@ -295,8 +295,25 @@ function redirectAndCors(v: SiteCommon): Lines {
 }
 
 function acmeLocation(v: SiteCommon): Lines {
-  return ['', ...block(`location ^~ ${ACME_PREFIX}`, [`root ${quote(v.acmeWebroot)};`])];
+  return ['', ...acmeLocations(v)];
 }
+
+/**
+ * The HTTP-01 challenge files certbot writes to the webroot. With peers, a file missing here
+ * is asked of the API, which asks the other replicas behind the same name (it answers 404 to a
+ * peer's own question, so the asking never goes round).
+ */
+function acmeLocations(v: Pick<SiteCommon, 'acmeWebroot' | 'acmePeersTarget'>): Lines {
+  const root = `root ${quote(v.acmeWebroot)};`;
+  if (v.acmePeersTarget === null) return block(`location ^~ ${ACME_PREFIX}`, [root]);
+  return [
+    ...block(`location ^~ ${ACME_PREFIX}`, [root, `try_files $uri ${ACME_PEERS_LOCATION};`]),
+    ...block(`location ${ACME_PEERS_LOCATION}`, [`proxy_pass ${v.acmePeersTarget};`, 'proxy_set_header Host $host;']),
+  ];
+}
+
+/** The named location a challenge missing from the webroot goes to. */
+const ACME_PEERS_LOCATION = '@dstack_acme_peers';
 
 /**
  * Behind trusted proxies X-Forwarded-For is the client alone, as real_ip found it: the entries

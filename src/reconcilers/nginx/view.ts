@@ -72,6 +72,12 @@ export interface ViewOptions {
   /** The default server answers 200 on `GET /` (load-balancer health checks). Default false. */
   healthCheck?: boolean;
   /**
+   * An ACME challenge file missing from the webroot is asked of the API (apiUrl), which asks
+   * this gateway's peers: a replica behind a shared name answers a challenge another one
+   * requested. Default false.
+   */
+  acmePeers?: boolean;
+  /**
    * The public default server sends every request (but ACME challenges and the health check) to
    * the data plane's shared socket, naming no service: the data plane relays those of a host it
    * has a by-host route for, so a new service is served before the reload that brings its own
@@ -99,6 +105,8 @@ export interface SiteCommon {
   tls: TlsView | null;
   accessLogPath: string;
   acmeWebroot: string;
+  /** Where a challenge missing from the webroot is asked for (the API: it asks the peers), or null. */
+  acmePeersTarget: string | null;
   clientMaxBodySize: number;
   proxyReadTimeoutSec: number;
   /** CORS headers and OPTIONS → 204 (OpenAI-compatible APIs called from browsers). */
@@ -159,6 +167,7 @@ export interface GlobalView {
   listenInternal: string | null;
   listenHttps: string;
   acmeWebroot: string;
+  acmePeersTarget: string | null;
   defaultServer: boolean;
   serverNamesHash: boolean;
   /** ViewOptions.trustedProxies, checked; empty = off. */
@@ -246,6 +255,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
     ? { name: DATAPLANE_UPSTREAM, server: unixAddress(opts.dataplaneSocket, 'the data-plane socket path') }
     : null;
   const redirectPort = opts.httpsPort === 443 ? '' : `:${opts.httpsPort}`;
+  const acmePeersTarget = opts.acmePeers ? apiUrl : null;
   const trustedProxies = [...new Set(opts.trustedProxies ?? [])];
   const behindProxies = trustedProxies.length > 0;
 
@@ -260,6 +270,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       tls: cert ? { listen: listenHttps, certPath: cert.certPath, keyPath: cert.keyPath, redirectPort } : null,
       accessLogPath: opts.accessLogPath,
       acmeWebroot: opts.acmeWebroot,
+      acmePeersTarget,
       clientMaxBodySize: 0,
       proxyReadTimeoutSec: opts.proxyReadTimeoutSec ?? DEFAULT_PROXY_READ_TIMEOUT_SEC,
       cors: false,
@@ -297,6 +308,7 @@ export function buildViews(state: ProxyState, opts: ViewOptions): Views {
       listenInternal,
       listenHttps,
       acmeWebroot: opts.acmeWebroot,
+      acmePeersTarget,
       defaultServer: opts.defaultServer ?? true,
       serverNamesHash: opts.serverNamesHash ?? false,
       trustedProxies,
