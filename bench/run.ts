@@ -18,6 +18,7 @@ import { modelRows } from './models.js';
 import { removalRows } from './removals.js';
 import { scaleRows } from './scale.js';
 import { takeOverRows } from './takeover.js';
+import { fleetRows } from './fleet.js';
 import { serverProxyRows } from './server-proxy.js';
 import { specRows } from './spec.js';
 import { sshRows } from './ssh.js';
@@ -37,6 +38,7 @@ const SECTIONS: { name: string; run: () => Promise<Row[]> | Row[] }[] = [
   { name: 'server-proxy', run: serverProxyRows },
   { name: 'removals', run: removalRows },
   { name: 'takeover', run: takeOverRows },
+  { name: 'fleet', run: fleetRows },
   { name: 'scale', run: scaleRows },
   { name: 'compat', run: compatRows },
 ];

@@ -131,7 +131,7 @@ function percentile(xs: number[], p: number): number {
 
 const round = (ms: number): number => Math.round(ms * 10) / 10;
 
-function localPostgres(): { url: string; drop: () => void } | undefined {
+export function localPostgres(): { url: string; drop: () => void } | undefined {
   const given = process.env.DSTACK_PROXY_BENCH_PG;
   if (given) return { url: given, drop: () => undefined };
   const ls = spawnSync('pg_lsclusters', ['-h'], { encoding: 'utf8' });
