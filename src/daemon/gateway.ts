@@ -24,6 +24,7 @@ import { NGINX_LOOP, type NginxLoopStats } from '../reconcilers/nginx/loop.js';
 import { SSH_LOOP } from '../reconcilers/ssh/index.js';
 import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
 import type { SshLoop } from '../reconcilers/ssh/index.js';
+import { openCachedStore } from '../state/cached-store.js';
 import { openStore, redactStoreUrl } from '../state/open-store.js';
 import { openWatchedFileStore } from '../state/watched-file-store.js';
 import type { WatchedStateStore } from '../state/watched-store.js';
@@ -103,8 +104,15 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     async store() {
       const storeLogger = logger.child({ component: 'store' });
       // Several gateways on one database share one document; each converges its own Nginx.
-      const opened = options.db
-        ? await openStore(options.db, { logger: storeLogger, ...clock })
+      // A copy of the last document in the state dir lets it start while the database is down.
+      const db = options.db;
+      const opened = db
+        ? await openCachedStore({
+            open: () => openStore(db, { logger: storeLogger, ...clock }),
+            cacheFile: join(stateDir, DOCUMENT_COPY),
+            logger: storeLogger,
+            ...clock,
+          })
         : await openWatchedFileStore({ stateDir, logger: storeLogger, ...clock });
       const store = countWriteFailures(opened);
       writeFailures = () => store.writeFailures();
@@ -225,6 +233,9 @@ async function findPredecessor(options: GatewayOptions, logger: Logger): Promise
     `another gateway${live.pid === null ? '' : ` (pid ${live.pid})`} serves ${resolve(options.stateDir)}: stop it first, or start this one with --take-over true to take over from it without dropping a request`,
   );
 }
+
+/** With --db: the copy of the last document served, in the state dir. */
+const DOCUMENT_COPY = 'document-copy.json';
 
 /** How long a take-over waits for its tunnels' first connections before it serves anyway. */
 const TUNNELS_WAIT_MS = 30_000;

@@ -2,7 +2,8 @@
 // private Nginx, state dir and ports on 127.0.0.1: a PUT to any of them, or a write straight
 // into the database, is served by all of them; a gateway that joins later serves the current
 // document from its start; and with the database stopped (a postmaster of the test's own) they
-// go on serving what they have, refuse changes, and catch up once it is back.
+// go on serving what they have, refuse changes, a gateway restarted meanwhile serves its copy
+// of the last document, and all catch up once the database is back.
 
 import type { Server } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -107,11 +108,12 @@ describe('gateways while their database is down', () => {
   }, 120_000);
 
   afterAll(async () => {
-    for (const g of pair) await g.cleanup();
+    // The restarted gateway shares the state dir of the second: closed before that is removed.
+    for (const g of [...pair].reverse()) await g.cleanup();
     await pg?.destroy();
   });
 
-  it('serve what they have, refuse changes, and take the next change once it is back', async () => {
+  it('serve what they have, refuse changes, start from their copy, and take the next change once it is back', async () => {
     await pg.stop();
     const failed: string[] = [];
     let answered = 0;
@@ -130,13 +132,23 @@ describe('gateways while their database is down', () => {
     const refused = await putState(pair[1]!, integrationDoc({ services: [service('kept'), service('during')] }));
     expect(refused.status, refused.body).toBe(503);
 
+    // A gateway restarted while the database is down serves its copy of the last document.
+    await pair[1]!.close();
+    const again = await startGatewayWith({ db: pg.connectionString, stateDir: pair[1]!.stateDir });
+    pair.push(again);
+    await eventually(
+      async () => ((await call({ port: again.httpPort, host: 'kept.gw.test' }).catch(() => null))?.status === 200 ? true : undefined),
+      30_000,
+    );
+    expect((await putState(again, integrationDoc({ services: [service('kept'), service('during')] }))).status).toBe(503);
+
     await pg.start();
     const r = await eventually(async () => {
-      const x = await putState(pair[1]!, integrationDoc({ services: [service('kept'), service('after')] }));
+      const x = await putState(pair[0]!, integrationDoc({ services: [service('kept'), service('after')] }));
       return x.status === 200 ? x : undefined;
     }, 60_000);
     expect(r.status).toBe(200);
-    for (const g of pair) {
+    for (const g of [pair[0]!, again]) {
       await eventually(
         async () => ((await call({ port: g.httpPort, host: 'after.gw.test' }).catch(() => null))?.status === 200 ? true : undefined),
         30_000,
