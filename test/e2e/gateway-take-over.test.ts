@@ -126,6 +126,41 @@ function gatewayArgs(extra: string[] = []): string[] {
 const get = (path = '/', host = 'svc.gw.test') =>
   request({ port: ports.httpPort, host, path, localAddress: '127.0.0.2', headers: { authorization: `Bearer ${TOKEN}` } });
 
+interface Seen {
+  answered: number;
+  failures: string[];
+  longestGapMs: number;
+}
+
+/** Requests through Nginx to every host in turn, one after another, until stop(). */
+function steadyClient(): { seen: Seen; stop: () => Promise<Seen> } {
+  const seen: Seen = { answered: 0, failures: [], longestGapMs: 0 };
+  let steady = true;
+  const done = (async () => {
+    let last = performance.now();
+    let n = 0;
+    while (steady) {
+      const host = HOSTS[n++ % HOSTS.length]!;
+      const r = await get(pathOf(host), host).catch((err: unknown) => ({ status: 0, body: String(err) }));
+      const now = performance.now();
+      if (r.status === 200) {
+        seen.answered++;
+        seen.longestGapMs = Math.max(seen.longestGapMs, now - last);
+        last = now;
+      } else seen.failures.push(`${host} ${r.status} ${r.body.slice(0, 200)}`);
+      await new Promise((res) => setTimeout(res, 5));
+    }
+  })();
+  return {
+    seen,
+    stop: async () => {
+      steady = false;
+      await done;
+      return seen;
+    },
+  };
+}
+
 /** A stream through Nginx: resolves with its events once it ends, or rejects if it breaks. */
 function stream(): Promise<string[]> {
   return new Promise((resolve, reject) => {
@@ -179,25 +214,7 @@ describe('gateway --take-over true', () => {
     expect(await readlink(link)).toMatch(new RegExp(`^instances/${a.child.pid}\\.`));
 
     // A steady client through Nginx for the whole hand-over, and a stream opened on the old process.
-    const failures: string[] = [];
-    let answered = 0;
-    let longestGapMs = 0;
-    let steady = true;
-    const client = (async () => {
-      let last = performance.now();
-      let n = 0;
-      while (steady) {
-        const host = HOSTS[n++ % HOSTS.length]!;
-        const r = await get(pathOf(host), host).catch((err: unknown) => ({ status: 0, body: String(err) }));
-        const now = performance.now();
-        if (r.status === 200) {
-          answered++;
-          longestGapMs = Math.max(longestGapMs, now - last);
-          last = now;
-        } else failures.push(`${host} ${r.status} ${r.body.slice(0, 200)}`);
-        await new Promise((res) => setTimeout(res, 5));
-      }
-    })();
+    const client = steadyClient();
     const events = stream();
     events.catch(() => undefined); // awaited below
     await new Promise((res) => setTimeout(res, 300));
@@ -239,9 +256,7 @@ describe('gateway --take-over true', () => {
     expect(code).toBe(0);
     expect(await events).toHaveLength(STREAM_EVENTS);
     await new Promise((res) => setTimeout(res, 500));
-    steady = false;
-    await client;
-
+    const { failures, answered, longestGapMs } = await client.stop();
     expect(failures).toEqual([]);
     expect(answered).toBeGreaterThan(50);
     // The new one serves the API and the document.
@@ -292,19 +307,7 @@ describe('gateway --take-over true', () => {
     const current = gateways.at(-1)!;
     const link = join(dir, 'state-nginx', 'sockets', 'dataplane.sock');
     expect(await readlink(link)).toMatch(new RegExp(`^instances/${current.child.pid}\\.`));
-    const failures: string[] = [];
-    let answered = 0;
-    let steady = true;
-    const client = (async () => {
-      let n = 0;
-      while (steady) {
-        const host = HOSTS[n++ % HOSTS.length]!;
-        const r = await get(pathOf(host), host).catch((err: unknown) => ({ status: 0, body: String(err) }));
-        if (r.status === 200) answered++;
-        else failures.push(`${host} ${r.status} ${r.body.slice(0, 200)}`);
-        await new Promise((res) => setTimeout(res, 5));
-      }
-    })();
+    const client = steadyClient();
     const events = stream();
     events.catch(() => undefined); // awaited below
     await new Promise((res) => setTimeout(res, 300));
@@ -315,10 +318,10 @@ describe('gateway --take-over true', () => {
     // Its API is closed, its data plane still serves: nothing has failed so far.
     expect(current.child.exitCode).toBeNull();
     expect(await readlink(link)).toMatch(new RegExp(`^instances/${current.child.pid}\\.`));
-    const before = answered;
-    expect(failures).toEqual([]);
+    const before = client.seen.answered;
+    expect(client.seen.failures).toEqual([]);
     await new Promise((res) => setTimeout(res, 300));
-    expect(answered).toBeGreaterThan(before);
+    expect(client.seen.answered).toBeGreaterThan(before);
 
     const next = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs(['--take-over', 'true']), waitReady: false });
     gateways.push(next);
@@ -333,8 +336,7 @@ describe('gateway --take-over true', () => {
     expect(code).toBe(0);
     expect(await events).toHaveLength(STREAM_EVENTS);
     await new Promise((res) => setTimeout(res, 500));
-    steady = false;
-    await client;
+    const { failures, answered } = await client.stop();
     expect(failures).toEqual([]);
     expect(answered).toBeGreaterThan(50);
     await eventually(async () => ((await api(ports, { path: '/readyz' }).catch(() => null))?.status === 200 ? true : undefined), 30_000);
