@@ -25,7 +25,9 @@ import { SSH_LOOP } from '../reconcilers/ssh/index.js';
 import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
 import type { SshLoop } from '../reconcilers/ssh/index.js';
 import { openCachedStore } from '../state/cached-store.js';
-import { openStore, redactStoreUrl } from '../state/open-store.js';
+import { openStore, parseStoreUrl, redactStoreUrl } from '../state/open-store.js';
+import { openPgCertificates } from '../state/postgres-certificates.js';
+import type { SharedCertificates } from '../reconcilers/tls/shared.js';
 import { openWatchedFileStore } from '../state/watched-file-store.js';
 import type { WatchedStateStore } from '../state/watched-store.js';
 import { createStatsCollector } from '../stats/index.js';
@@ -64,6 +66,8 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
   /** The gateway this one takes over from (--take-over true), found serving this state dir at start. */
   let predecessor: { pid: number | null } | undefined;
   let writeFailures = (): number => 0;
+  /** With --db postgres://…: the fleet's certificates. */
+  let shared: SharedCertificates | undefined;
   /** The API's HTTP server, once built: the data plane gives it the model API's connections. */
   let apiServer: Server | undefined;
   const modelApi: ModelApiHandOff = (socket, head) => {
@@ -126,7 +130,13 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
       // Taking over: the shared socket is bound beside the running gateway's, and Nginx is
       // pointed at it once this process serves the document (takeOver below).
       const loopDeps = { ...deps, ssh: { ...deps.ssh, modelApi, ...(predecessor ? { handOver: true } : {}) } };
-      loops = gatewayLoops(options, host, () => d.current().generation, loopDeps, auth);
+      // On PostgreSQL the fleet shares its certificates too: one gateway orders, all install.
+      if (options.db && parseStoreUrl(options.db).kind === 'postgres') {
+        const store = openPgCertificates({ connectionString: options.db, logger: logger.child({ component: 'certificates' }), ...clock });
+        shared = store;
+        d.defer(() => store.close());
+      }
+      loops = gatewayLoops(options, host, () => d.current().generation, loopDeps, auth, shared);
       // The data-plane socket before anything can name a service: a host the document has
       // just brought in reaches it (404 until the data plane has it), never a missing path.
       await loops.ssh.balancer.listenShared();
@@ -140,7 +150,7 @@ export async function startGateway(options: GatewayOptions, deps: GatewayDeps = 
     onGeneration: async (s) => void (await observeModels(firstSeen, s.state, Math.floor(Date.now() / 1000))),
     async listeners(d) {
       d.defer(() => stats.stop());
-      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen, auth, writeFailures });
+      const routes = gatewayRoutes(d, options, { host, loops, stats, firstSeen, auth, writeFailures, ...(shared ? { shared } : {}) });
       // The entrypoint sites proxy the model API to this listener: what they bring reaches nothing else.
       const proxied = { header: ENTRYPOINT_KEY_HEADER, prefix: '/api/models/' };
       // serveWhileClosing: the model API's connections come from the data plane, which serves

@@ -4,7 +4,8 @@
 // challenge file missing from this gateway's webroot reaches here (Nginx's named location), and
 // is asked of every peer at once: the first that has it answers. A question from a peer carries
 // ASK_HEADER and is answered 404 here, after Nginx looked in this webroot, so no question goes
-// round the ring.
+// round the ring. A fleet sharing its certificates through its database (`--db postgres://…`)
+// comes here too: the key authorization whichever gateway ordered is in that database.
 
 import http from 'node:http';
 import https from 'node:https';
@@ -74,12 +75,28 @@ function ask(peer: string, host: string, token: string, signal: AbortSignal): Pr
   });
 }
 
-export const acmePeerRoutes: FastifyPluginAsync<{ peers: readonly string[] }> = async (app, { peers }) => {
+export interface AcmeChallengeRouteOptions {
+  peers: readonly string[];
+  /** A fleet's store of key authorizations, asked before any peer. */
+  stored?: (token: string) => Promise<string | null>;
+}
+
+export const acmePeerRoutes: FastifyPluginAsync<AcmeChallengeRouteOptions> = async (app, { peers, stored }) => {
   app.get<{ Params: { token: string } }>('/.well-known/acme-challenge/:token', async (req, reply) => {
     const token = req.params.token;
     const host = (req.headers.host ?? '').replace(/:\d+$/, '');
     const notFound = (): unknown => reply.code(404).type('text/plain').send('not found\n');
     if (req.headers[ASK_HEADER] !== undefined || !TOKEN.test(token) || host === '') return notFound();
+    if (stored) {
+      const answer = await stored(token).catch((err: unknown) => {
+        req.log.warn({ err: (err as Error).message }, 'the certificate store does not answer for an ACME challenge');
+        return null;
+      });
+      if (answer !== null && KEY_AUTHORIZATION.test(answer) && answer.startsWith(`${token}.`)) {
+        req.log.info({ token, host }, 'answered an ACME challenge from the certificate store');
+        return reply.type('text/plain').send(answer);
+      }
+    }
     const controller = new AbortController();
     const timer = setTimeout(() => controller.abort(), PEER_TIMEOUT_MS);
     try {

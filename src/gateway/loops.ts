@@ -10,6 +10,7 @@ import { createNginxLoop, DEFAULT_MIN_RELOAD_INTERVAL_MS, NGINX_LOOP, type Nginx
 import { parseTrustedProxies } from '../reconcilers/nginx/trusted-proxies.js';
 import { createSshLoop, SSH_LOOP, type SshLoop, type SshLoopOptions } from '../reconcilers/ssh/index.js';
 import { createTlsLoop, TLS_LOOP, type TlsLoop } from '../reconcilers/tls/index.js';
+import type { SharedCertificates } from '../reconcilers/tls/shared.js';
 import type { GatewayHost } from './nginx-host.js';
 import type { GatewayOptions } from './options.js';
 
@@ -38,6 +39,7 @@ export function gatewayLoops(
   currentGeneration: () => number,
   deps: GatewayLoopDeps,
   auth: AuthProvider = noServerAuth,
+  shared?: SharedCertificates,
 ): GatewayLoops {
   const { stateDir, workerDirs } = host;
   const view: NginxLoopOptions['view'] = {
@@ -52,7 +54,8 @@ export function gatewayLoops(
     entrypointKeyInclude: host.internal.keyInclude,
     trustedProxies: parseTrustedProxies(options.trustedProxies),
     healthCheck: options.healthCheckOk === 'true',
-    acmePeers: parseAcmePeers(options.acmeChallengePeers).length > 0,
+    // A challenge missing from the webroot is asked of the peers, or of the fleet's database.
+    acmePeers: parseAcmePeers(options.acmeChallengePeers).length > 0 || shared !== undefined,
     defaultServer: options.defaultServer === 'true',
     // A new service without auth, limits or a certificate is served through our default server
     // as soon as the data plane has it, before the reload that brings its own site in.
@@ -88,6 +91,7 @@ export function gatewayLoops(
     certbotDirs: host.certbotDirs,
     ...(options.acmeCaBundle ? { env: { REQUESTS_CA_BUNDLE: resolve(options.acmeCaBundle) } } : {}),
     ...(deps.resolve ? { resolve: deps.resolve } : {}),
+    ...(shared ? { shared } : {}),
   });
   const nginx = createNginxLoop({
     confDir: host.confDir,

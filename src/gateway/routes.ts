@@ -18,6 +18,7 @@ import type { StatsCollector } from '../stats/index.js';
 import type { GatewayLoops } from './loops.js';
 import { countDecisions, type CountedAuth } from '../auth/counted.js';
 import { acmePeerRoutes, parseAcmePeers } from './acme-peers.js';
+import type { SharedCertificates } from '../reconcilers/tls/shared.js';
 import { gatewayMetrics } from './metrics-sources.js';
 import type { GatewayHost } from './nginx-host.js';
 import type { GatewayOptions } from './options.js';
@@ -57,6 +58,7 @@ export function gatewayRoutes(
     firstSeen,
     auth,
     writeFailures,
+    shared,
   }: {
     host: GatewayHost;
     loops: GatewayLoops;
@@ -64,6 +66,8 @@ export function gatewayRoutes(
     firstSeen: FirstSeenStore;
     auth: CountedAuth;
     writeFailures: () => number;
+    /** A fleet's certificate store: the challenges another gateway ordered are answered from it. */
+    shared?: SharedCertificates;
   },
 ): RouteModule[] {
   const clock = d.clock ? { clock: d.clock } : {};
@@ -81,9 +85,10 @@ export function gatewayRoutes(
       a.register(async (scope) => {
         scope.addHook('onRequest', thisHostOnly);
         await scope.register(authRoutes, { auth });
-        // The challenges this gateway's Nginx does not have, asked of its peers.
+        // The challenges this gateway's Nginx does not have: in the fleet's store, or asked of its peers.
         const peers = parseAcmePeers(options.acmeChallengePeers);
-        if (peers.length > 0) await scope.register(acmePeerRoutes, { peers });
+        if (peers.length > 0 || shared)
+          await scope.register(acmePeerRoutes, { peers, ...(shared ? { stored: (t: string) => shared.challenge(t) } : {}) });
       }),
     // Stats and metrics list every project, service, replica and domain: management data. dstack's
     // server polls the stats without a token; with its routes on, the API is loopback-only.

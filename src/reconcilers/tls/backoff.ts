@@ -15,6 +15,7 @@
 
 import { readFile } from 'node:fs/promises';
 import { writeAtomic } from '../../write-atomic.js';
+import { backoffFrom, type SharedBackoffData } from './shared.js';
 
 const MIN = 60_000;
 const HOUR = 60 * MIN;
@@ -192,7 +193,46 @@ export function recordDnsNotReady(entry: DomainBackoff | undefined, f: { at: num
  * pass over hundreds of domains whose DNS is not there yet writes the file once, not once
  * per domain. Losing an unflushed change to a crash costs nothing but a DNS check.
  */
-export class BackoffStore {
+/** The persisted backoff: this gateway's file, or the fleet's row in its shared database. */
+export interface Backoff {
+  load(): Promise<BackoffFile>;
+  get(domain: string): Promise<DomainBackoff | undefined>;
+  /** Changes the data and persists it before resolving. */
+  update(mutate: (data: BackoffFile) => void, now: number): Promise<void>;
+  /** Changes the data in memory; the next flush() (or update()) persists it. */
+  change(mutate: (data: BackoffFile) => void, now: number): Promise<void>;
+  /** Persists what changed since the last write. */
+  flush(): Promise<void>;
+  /** Writes so far (for tests and metrics). */
+  readonly writes: number;
+}
+
+/** Drops what no longer counts at `now`: orders past the 3 h window, removed domains past the hour. */
+export function pruneBackoff(data: BackoffFile, now: number): void {
+  data.orders = data.orders.filter((t) => t > now - ORDER_WINDOW_MS);
+  for (const [d, e] of Object.entries(data.domains)) {
+    if (e.removed && !e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) delete data.domains[d];
+  }
+}
+
+/** What every backoff does the same way over its own load, change and flush. */
+abstract class BackoffBase implements Backoff {
+  abstract load(): Promise<BackoffFile>;
+  abstract change(mutate: (data: BackoffFile) => void, now: number): Promise<void>;
+  abstract flush(): Promise<void>;
+  abstract readonly writes: number;
+
+  async get(domain: string): Promise<DomainBackoff | undefined> {
+    return (await this.load()).domains[domain];
+  }
+
+  async update(mutate: (data: BackoffFile) => void, now: number): Promise<void> {
+    await this.change(mutate, now);
+    await this.flush();
+  }
+}
+
+export class BackoffStore extends BackoffBase {
   readonly #path: string;
   #data: BackoffFile | null = null;
   #writing: Promise<void> = Promise.resolve();
@@ -202,6 +242,7 @@ export class BackoffStore {
   writes = 0;
 
   constructor(path: string) {
+    super();
     this.#path = path;
   }
 
@@ -219,16 +260,6 @@ export class BackoffStore {
     return this.#data;
   }
 
-  async get(domain: string): Promise<DomainBackoff | undefined> {
-    return (await this.load()).domains[domain];
-  }
-
-  /** Changes the data and writes the file before resolving. */
-  async update(mutate: (data: BackoffFile) => void, now: number): Promise<void> {
-    await this.change(mutate, now);
-    await this.flush();
-  }
-
   /** Changes the data in memory; the next flush() (or update()) writes it. */
   async change(mutate: (data: BackoffFile) => void, now: number): Promise<void> {
     const data = await this.load();
@@ -243,10 +274,7 @@ export class BackoffStore {
       if (!this.#dirty || this.#data === null) return;
       const data = this.#data;
       const now = this.#now;
-      data.orders = data.orders.filter((t) => t > now - ORDER_WINDOW_MS);
-      for (const [d, e] of Object.entries(data.domains)) {
-        if (e.removed && !e.attempts.some((t) => t > now - DOMAIN_WINDOW_MS)) delete data.domains[d];
-      }
+      pruneBackoff(data, now);
       const text = `${JSON.stringify(data, null, 2)}\n`;
       this.#dirty = false;
       try {
@@ -254,6 +282,57 @@ export class BackoffStore {
         this.writes++;
       } catch (err) {
         this.#dirty = true; // written by the next flush
+        throw err;
+      }
+    });
+    this.#writing = run.catch(() => undefined);
+    await run;
+  }
+}
+
+/**
+ * The fleet's backoff, in its shared database: every gateway's attempts count against the same
+ * per-domain and per-account limits. Each load reads the row afresh; changes wait in memory and
+ * are applied to the row as it is at the flush, under its lock, so two gateways' changes both
+ * land.
+ */
+export class SharedBackoffStore extends BackoffBase {
+  readonly #shared: SharedBackoffData;
+  #pending: ((data: BackoffFile) => void)[] = [];
+  #writing: Promise<void> = Promise.resolve();
+  #now = 0;
+  writes = 0;
+
+  constructor(shared: SharedBackoffData) {
+    super();
+    this.#shared = shared;
+  }
+
+  async load(): Promise<BackoffFile> {
+    const data = backoffFrom(await this.#shared.read());
+    for (const mutate of this.#pending) mutate(data);
+    return data;
+  }
+
+  async change(mutate: (data: BackoffFile) => void, now: number): Promise<void> {
+    this.#pending.push(mutate);
+    this.#now = Math.max(this.#now, now);
+  }
+
+  async flush(): Promise<void> {
+    const run = this.#writing.then(async () => {
+      if (this.#pending.length === 0) return;
+      const taken = this.#pending;
+      this.#pending = [];
+      const now = this.#now;
+      try {
+        await this.#shared.change((data) => {
+          for (const mutate of taken) mutate(data);
+          pruneBackoff(data, now);
+        });
+        this.writes++;
+      } catch (err) {
+        this.#pending = [...taken, ...this.#pending]; // applied by the next flush
         throw err;
       }
     });

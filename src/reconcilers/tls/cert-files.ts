@@ -7,10 +7,15 @@ import { readCertificate, type CertCheck } from './certificate.js';
 import { publishedPaths } from './status.js';
 
 export class CertFiles {
-  /** `configDir`: certbot's (its live/ lineages); `certsDir`: where copies are published for Nginx. */
+  /**
+   * `configDir`: certbot's (its live/ lineages); `certsDir`: where copies are published for Nginx.
+   * `servedFromCopies`: what is served is judged by the published copies alone (a gateway of a
+   * fleet installs certificates another one obtained: it has no lineage of its own).
+   */
   constructor(
     private readonly configDir: string,
     readonly certsDir: string,
+    private readonly servedFromCopies = false,
   ) {}
 
   /** The lineage's certificate as certbot left it, checked for `domain` at `now`. */
@@ -35,8 +40,21 @@ export class CertFiles {
 
   /** The lineage's certificate when it is valid and published (what Nginx serves), else null. */
   async served(domain: string, now: number): Promise<CertCheck | null> {
+    if (this.servedFromCopies) return this.newestCopy(domain, now);
     const c = await this.lineage(domain, now);
     return c.ok && (await exists(publishedPaths(this.certsDir, domain, c.info.serial).certPath)) ? c : null;
+  }
+
+  /** The valid published copy of `domain` that expires last, or null. */
+  async newestCopy(domain: string, now: number): Promise<(CertCheck & { ok: true }) | null> {
+    let best: (CertCheck & { ok: true }) | null = null;
+    for (const serial of await listDirs(join(this.certsDir, domain))) {
+      if (serial.includes('.tmp-')) continue;
+      const p = publishedPaths(this.certsDir, domain, serial);
+      const { certPem: _c, keyPem: _k, ...c } = await readCertificate(p.certPath, p.keyPath, domain, now);
+      if (c.ok && c.info.serial === serial && (best === null || c.info.notAfter > best.info.notAfter)) best = c;
+    }
+    return best;
   }
 
   /** A copy of the pair under its serial (written aside, then renamed); the two newest are kept. */

@@ -5,7 +5,8 @@
 // is scrubbed from anything certbot prints before it reaches a log, a status or an error.
 
 import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join, sep } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { execa } from 'execa';
 import { systemClock, type Clock } from '../../clock.js';
 
@@ -47,6 +48,11 @@ export interface CertbotRequest {
   dirs: CertbotDirs;
   /** Replace a lineage that is still valid (renewal decided by us, not by certbot). */
   force: boolean;
+  /**
+   * Key authorizations go through certbot's manual hooks into a store the whole fleet reads
+   * (their environment: where to), besides this webroot; absent: certbot writes the webroot.
+   */
+  sharedChallenges?: { env: Record<string, string> };
 }
 
 export type CertbotResult = { ok: true; durationMs: number } | { ok: false; durationMs: number; timedOut: boolean; error: string };
@@ -64,19 +70,15 @@ export const DEFAULT_CERTBOT_TIMEOUT_MS = 40_000; // 40 s
 const KILL_GRACE_MS = 2_000; // 2 s between SIGTERM and SIGKILL of the group
 
 /** certbot's command line for a request (no secrets: EAB goes through `--config <file>`). */
-export function certbotArgs(req: CertbotRequest, configFile: string | null): string[] {
-  const args = [
-    'certonly',
-    '--non-interactive',
-    '--agree-tos',
-    '--webroot',
-    '-w',
-    req.webroot,
-    '-d',
-    req.domain,
-    '--cert-name',
-    req.domain,
-  ];
+export function certbotArgs(req: CertbotRequest, configFile: string | null, hookScript: string | null = null): string[] {
+  const args = ['certonly', '--non-interactive', '--agree-tos'];
+  if (hookScript) {
+    args.push('--manual', '--preferred-challenges', 'http');
+    args.push('--manual-auth-hook', `${hookScript} auth`, '--manual-cleanup-hook', `${hookScript} cleanup`);
+  } else {
+    args.push('--webroot', '-w', req.webroot);
+  }
+  args.push('-d', req.domain, '--cert-name', req.domain);
   args.push('--server', req.acme.server);
   args.push('--config-dir', req.dirs.configDir, '--work-dir', req.dirs.workDir, '--logs-dir', req.dirs.logsDir);
   if (configFile) args.push('--config', configFile);
@@ -84,6 +86,31 @@ export function certbotArgs(req: CertbotRequest, configFile: string | null): str
   else args.push('--register-unsafely-without-email');
   if (req.force) args.push('--force-renewal');
   return args;
+}
+
+/**
+ * The built hook script: beside this module once built, and under dist/ when this module runs
+ * from its TypeScript source (the tests); certbot runs it with this same Node.
+ */
+export function challengeHookPath(): string {
+  const here = dirname(fileURLToPath(import.meta.url));
+  const built = here.includes(`${sep}dist${sep}`) ? here : here.replace(/([\\/])src([\\/]reconcilers[\\/]tls)$/, `$1dist$1src$2`);
+  return join(built, 'challenge-hook.js');
+}
+
+/**
+ * The hook certbot runs: a script in its work dir that runs the built hook with this Node.
+ * certbot checks a hook's first word against PATH without shell quoting, so the command is a
+ * bare path, and a path with anything the shell would split or expand is refused.
+ */
+async function writeHookScript(workDir: string): Promise<string> {
+  const script = join(workDir, 'dstack-proxy-challenge-hook');
+  for (const p of [script, process.execPath, challengeHookPath()]) {
+    if (!/^[A-Za-z0-9_./+@:-]+$/.test(p))
+      throw new Error(`cannot run certbot's HTTP-01 hook from ${JSON.stringify(p)}: a path with spaces or shell characters`);
+  }
+  await writeFile(script, `#!/bin/sh\nexec ${process.execPath} ${challengeHookPath()} "$@"\n`, { mode: 0o700 });
+  return script;
 }
 
 /** Runs certbot requests one at a time. Long-lived: it holds the queue. */
@@ -123,12 +150,13 @@ export class CertbotRunner {
     // How long certbot took is measured on the wall clock; only its timeout runs on `clock`.
     const t0 = Date.now();
     try {
-      const child = execa(this.#bin, certbotArgs(req, configFile), {
+      const hookScript = req.sharedChallenges ? await writeHookScript(dirs.workDir) : null;
+      const child = execa(this.#bin, certbotArgs(req, configFile, hookScript), {
         detached: true, // own session and process group: the timeout kills all of it
         reject: false,
         stdin: 'ignore',
         all: true,
-        env: this.#env,
+        env: req.sharedChallenges ? { ...this.#env, ...req.sharedChallenges.env, DSTACK_PROXY_ACME_WEBROOT: req.webroot } : this.#env,
         extendEnv: true,
       });
       let timedOut = false;

@@ -10,16 +10,17 @@ import {
   orderHold,
   recordDnsNotReady,
   recordFailure,
-  type BackoffStore,
+  type Backoff,
   type Limits,
 } from './backoff.js';
 import type { AcmeSettings, CertbotDirs, CertbotRunner } from './certbot.js';
 import type { CertFiles } from './cert-files.js';
+import type { CertInfo } from './certificate.js';
 import { domainInfo, reportDomain } from './status.js';
 
 export interface IssuerOptions {
   files: CertFiles;
-  backoff: BackoffStore;
+  backoff: Backoff;
   certbot: CertbotRunner;
   certbotDirs: CertbotDirs;
   /** The webroot Nginx serves /.well-known/acme-challenge/ from. */
@@ -27,6 +28,10 @@ export interface IssuerOptions {
   limits: Limits;
   /** Resolves a name or throws; null: no DNS pre-flight. */
   resolve: ((domain: string) => Promise<unknown>) | null;
+  /** A fleet's: key authorizations go to its store through certbot's hooks. */
+  sharedChallenges?: { env: Record<string, string> };
+  /** Runs with each new certificate before it is published here (a fleet stores it). */
+  onIssued?: (domain: string, cert: { info: CertInfo; certPem: string; keyPem: string }, acmeKey: string) => Promise<void>;
 }
 
 /** A day: the resync covers anything later. */
@@ -91,11 +96,22 @@ export class Issuer {
     const before = await files.served(domain, start);
     await backoff.update((d) => d.orders.push(start), start);
     this.#report(ctx, domainInfo(domain, before, await backoff.get(domain), true));
-    const result = await certbot.run({ domain, acme, webroot: this.#o.acmeWebroot, dirs: this.#o.certbotDirs, force: true }, ctx.clock);
+    const result = await certbot.run(
+      {
+        domain,
+        acme,
+        webroot: this.#o.acmeWebroot,
+        dirs: this.#o.certbotDirs,
+        force: true,
+        ...(this.#o.sharedChallenges ? { sharedChallenges: this.#o.sharedChallenges } : {}),
+      },
+      ctx.clock,
+    );
     const now = ctx.clock.now();
     const c = await files.lineage(domain, now);
     const fresh = c.ok && !(renew && before?.ok && before.info.serial === c.info.serial);
     if (result.ok && fresh) {
+      await this.#o.onIssued?.(domain, { info: c.info, certPem: c.certPem!, keyPem: c.keyPem! }, acmeKey);
       await files.publish(domain, c.info.serial, c.certPem!, c.keyPem!);
       await backoff.update((d) => {
         const prev = d.domains[domain]?.attempts ?? [];

@@ -17,13 +17,23 @@ import { lookup } from 'node:dns/promises';
 import { join } from 'node:path';
 import type { ProxyState } from '../../spec/types.js';
 import type { Action, ApplyResult, Loop, LoopContext, LoopHandle, MetricFamily, StatusWriter } from '../types.js';
-import { BackoffStore, DEFAULT_LIMITS, DOMAIN_WINDOW_MS, type BackoffFile, type Limits } from './backoff.js';
+import {
+  BackoffStore,
+  DEFAULT_LIMITS,
+  DOMAIN_WINDOW_MS,
+  SharedBackoffStore,
+  type Backoff,
+  type BackoffFile,
+  type Limits,
+} from './backoff.js';
 import { CertbotRunner, secret, type AcmeSettings, type CertbotDirs } from './certbot.js';
 import type { CertCheck } from './certificate.js';
 import { CertFiles } from './cert-files.js';
+import { fleetAttempt, fleetLineages, issuerName, storedPair } from './fleet.js';
 import { Issuer, requeueUntil } from './issuer.js';
 import { certificateMetricFamilies } from './metrics.js';
 import { actionFor, domainInput } from './plan.js';
+import type { SharedCertificates } from './shared.js';
 import { TLS_LOOP, domainInfo, reportDomain, type DomainInfo } from './status.js';
 
 export interface TlsLoopOptions {
@@ -47,6 +57,11 @@ export interface TlsLoopOptions {
   resolve?: (domain: string) => Promise<unknown>;
   /** Backoff schedule and rate limits; defaults in backoff.ts. */
   limits?: Partial<Limits>;
+  /**
+   * A fleet's shared certificates: one gateway orders each domain's certificate, the others
+   * install it from the store; key authorizations, the account and the backoff are the fleet's.
+   */
+  shared?: SharedCertificates;
 }
 
 export interface TlsDesired {
@@ -108,14 +123,15 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     workDir: o.certbotDirs?.workDir ?? join(certbotRoot, 'work'),
     logsDir: o.certbotDirs?.logsDir ?? join(certbotRoot, 'logs'),
   };
-  const files = new CertFiles(dirs.configDir, o.certsDir ?? join(o.stateDir, 'tls-certs'));
+  const shared = o.shared;
+  const files = new CertFiles(dirs.configDir, o.certsDir ?? join(o.stateDir, 'tls-certs'), shared !== undefined);
   const limits: Limits = { ...DEFAULT_LIMITS, ...o.limits };
   const certbot = new CertbotRunner({
     ...(o.certbotBin ? { certbotBin: o.certbotBin } : {}),
     ...(o.timeoutMs ? { timeoutMs: o.timeoutMs } : {}),
     ...(o.env ? { env: o.env } : {}),
   });
-  const backoff = new BackoffStore(join(o.stateDir, 'tls-backoff.json'));
+  const backoff: Backoff = shared ? new SharedBackoffStore(shared.backoff) : new BackoffStore(join(o.stateDir, 'tls-backoff.json'));
   const issuer = new Issuer({
     files,
     backoff,
@@ -124,6 +140,13 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     acmeWebroot: o.acmeWebroot,
     limits,
     resolve: (o.dnsPreflight ?? true) ? (o.resolve ?? ((d: string) => lookup(d))) : null,
+    ...(shared
+      ? {
+          sharedChallenges: { env: shared.hookEnv() },
+          // Stored before it is served here: a gateway that dies next has not ordered in vain.
+          onIssued: (domain, c, acmeKey) => shared.put({ domain, ...c.info, certPem: c.certPem, keyPem: c.keyPem, acmeKey }, issuerName()),
+        }
+      : {}),
   });
   /** The live status, for the metric families (read between passes). */
   let live: StatusWriter | null = null;
@@ -142,6 +165,8 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
 
     start(handle) {
       live = handle.status;
+      // A certificate another gateway stored: installed at once, not at the next resync.
+      shared?.onChange(() => handle.trigger());
     },
 
     metrics: () => certificateMetricFamilies(() => live),
@@ -157,12 +182,14 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
     async observe(ctx: LoopContext): Promise<TlsObserved> {
       const now = ctx.clock.now();
       const data = await backoff.load();
-      const lineages = new Map<string, CertCheck>();
-      for (const domain of await files.lineageDomains()) {
-        const { certPem: _c, keyPem: _k, ...check } = await files.lineage(domain, now);
-        lineages.set(domain, check);
-      }
       const published = await files.published();
+      let lineages = new Map<string, CertCheck>();
+      if (shared) lineages = await fleetLineages(shared, files, published, now, ctx.logger);
+      else
+        for (const domain of await files.lineageDomains()) {
+          const { certPem: _c, keyPem: _k, ...check } = await files.lineage(domain, now);
+          lineages.set(domain, check);
+        }
       // Tracked domains: published, or with a live backoff entry. Report each from the facts.
       const tracked = trackedDomains(published, data);
       ctx.status.prune(tracked);
@@ -209,11 +236,13 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
           return 'done';
         }
         case 'publish': {
-          const c = await files.lineage(domain, ctx.clock.now());
-          if (!c.ok) throw new Error(`the certificate for ${domain} is no longer usable: ${c.message}`);
-          await files.publish(domain, c.info.serial, c.certPem!, c.keyPem!);
-          report(ctx, domainInfo(domain, c, await backoff.get(domain), false));
-          return requeueUntil(c.info.renewalTime, ctx.clock.now());
+          const now = ctx.clock.now();
+          const c = shared ? await storedPair(shared, domain, now) : await files.lineage(domain, now);
+          const check = 'check' in c ? c.check : c;
+          if (!check.ok) throw new Error(`the certificate for ${domain} is no longer usable: ${check.message}`);
+          await files.publish(domain, check.info.serial, c.certPem!, c.keyPem!);
+          report(ctx, domainInfo(domain, check, await backoff.get(domain), false));
+          return requeueUntil(check.info.renewalTime, ctx.clock.now());
         }
         case 'wait': {
           // Nothing to do but come back when the hold ends; say where the domain stands
@@ -222,8 +251,14 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
           report(ctx, domainInfo(domain, await files.served(domain, now), await backoff.get(domain), false));
           return { requeueAfterMs: Math.max(0, action.payload.until! - now) };
         }
-        default:
-          return issuer.attempt(domain, action.kind === 'renew', action.payload.acme!, action.payload.acmeKey!, ctx);
+        default: {
+          const renew = action.kind === 'renew';
+          const { acme, acmeKey } = action.payload as Required<TlsPayload>;
+          if (!shared) return issuer.attempt(domain, renew, acme, acmeKey, ctx);
+          const fleetReport = async (c: LoopContext, check: CertCheck | null, issuing: boolean): Promise<void> =>
+            report(c, domainInfo(domain, check, await backoff.get(domain), issuing));
+          return fleetAttempt({ shared, files, issuer, configDir: dirs.configDir, report: fleetReport }, domain, renew, acme, acmeKey, ctx);
+        }
       }
     },
   };
