@@ -148,6 +148,7 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
         }
       : {}),
   });
+  let lastBackoff: BackoffFile = { version: 1, domains: {}, orders: [] };
   /** The live status, for the metric families (read between passes). */
   let live: StatusWriter | null = null;
   const report = (ctx: LoopContext, info: DomainInfo): void => reportDomain(ctx.status, info, files.certsDir);
@@ -181,7 +182,14 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
 
     async observe(ctx: LoopContext): Promise<TlsObserved> {
       const now = ctx.clock.now();
-      const data = await backoff.load();
+      // A fleet's store that does not answer leaves the backoff last read: the domains are
+      // still reported, and nothing is ordered (the lock does not answer either).
+      const data = shared
+        ? await backoff.load().then(
+            (d) => (lastBackoff = d),
+            () => lastBackoff,
+          )
+        : await backoff.load();
       const published = await files.published();
       let lineages = new Map<string, CertCheck>();
       if (shared) lineages = await fleetLineages(shared, files, published, now, ctx.logger);
