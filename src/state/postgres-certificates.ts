@@ -69,6 +69,18 @@ const SCHEMA = [
        FOR EACH ROW EXECUTE FUNCTION proxy_acme_certificates_notify();
      END IF;
    END $$`,
+  // The backoff's changes are announced with an empty payload: readers drop their copy.
+  `CREATE OR REPLACE FUNCTION proxy_acme_backoff_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+   BEGIN
+     PERFORM pg_notify('${CERTIFICATES_CHANNEL}', '');
+     RETURN NULL;
+   END $$`,
+  `DO $$ BEGIN
+     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'proxy_acme_backoff_notify') THEN
+       CREATE TRIGGER proxy_acme_backoff_notify AFTER INSERT OR UPDATE ON proxy_acme_backoff
+       FOR EACH ROW EXECUTE FUNCTION proxy_acme_backoff_notify();
+     END IF;
+   END $$`,
 ];
 
 export interface PgCertificatesOptions {
@@ -103,14 +115,29 @@ export function openPgCertificates(o: PgCertificatesOptions): SharedCertificates
   };
   const listeners: (() => void)[] = [];
   let listener: PgListener | null = null;
+  // While notifications arrive, a pass reads the certificates' figures and the backoff from
+  // memory: a change to either is announced, and only then read again. So a document change
+  // costs the TLS loop no query. Without the notification connection every read asks.
+  let listening = false;
+  let version = 0;
+  let figures: Map<string, StoredCertificateInfo> | null = null;
+  let backoffCopy: BackoffFile | null | undefined;
+  const forget = (): void => {
+    version++;
+    figures = null;
+    backoffCopy = undefined;
+  };
 
   return {
     async list() {
+      if (listening && figures) return new Map(figures);
+      const seen = version;
       const { rows } = await query<{ domain: string; serial: string; not_before: Date; not_after: Date }>(
         'SELECT domain, serial, not_before, not_after FROM proxy_acme_certificates',
       );
       const out = new Map<string, StoredCertificateInfo>();
       for (const r of rows) out.set(r.domain, { serial: r.serial, notBefore: r.not_before.getTime(), notAfter: r.not_after.getTime() });
+      if (listening && seen === version) figures = new Map(out);
       return out;
     },
 
@@ -137,6 +164,7 @@ export function openPgCertificates(o: PgCertificatesOptions): SharedCertificates
     },
 
     async put(c: StoredCertificate, issuedBy: string) {
+      forget();
       await query(
         `INSERT INTO proxy_acme_certificates (domain, serial, not_before, not_after, cert_pem, key_pem, acme_key, issued_by, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
@@ -146,6 +174,7 @@ export function openPgCertificates(o: PgCertificatesOptions): SharedCertificates
          WHERE proxy_acme_certificates.not_after <= EXCLUDED.not_after`,
         [c.domain, c.serial, new Date(c.notBefore), new Date(c.notAfter), c.certPem, c.keyPem, c.acmeKey, issuedBy],
       );
+      forget();
     },
 
     async lock(domain): Promise<IssuerLock | null> {
@@ -209,10 +238,15 @@ export function openPgCertificates(o: PgCertificatesOptions): SharedCertificates
 
     backoff: {
       async read() {
+        if (listening && backoffCopy !== undefined) return backoffCopy && structuredClone(backoffCopy);
+        const seen = version;
         const { rows } = await query<{ data: unknown }>('SELECT data FROM proxy_acme_backoff WHERE id = 1');
-        return rows[0] ? backoffFrom(rows[0].data) : null;
+        const data = rows[0] ? backoffFrom(rows[0].data) : null;
+        if (listening && seen === version) backoffCopy = data && structuredClone(data);
+        return data;
       },
       async change(mutate: (data: BackoffFile) => void) {
+        forget();
         await ready();
         const client = await pool.connect();
         let broken: Error | undefined;
@@ -224,6 +258,7 @@ export function openPgCertificates(o: PgCertificatesOptions): SharedCertificates
           mutate(data);
           await client.query('UPDATE proxy_acme_backoff SET data = $1 WHERE id = 1', [JSON.stringify(data)]);
           await client.query('COMMIT');
+          forget(); // a read since the start may have kept the row as it was
         } catch (err) {
           await client.query('ROLLBACK').catch((e: unknown) => (broken = e as Error));
           throw err;
@@ -241,10 +276,21 @@ export function openPgCertificates(o: PgCertificatesOptions): SharedCertificates
       listener = new PgListener({
         config,
         channel: CERTIFICATES_CHANNEL,
-        onNotify: () => listeners.forEach((l) => l()),
+        onNotify: (domain) => {
+          forget();
+          if (domain !== '') listeners.forEach((l) => l());
+        },
         // A certificate stored while we were not listening is picked up by the pass this starts.
-        onConnected: () => listeners.forEach((l) => l()),
-        onLost: (err) => o.logger?.warn({ err: (err as Error)?.message }, 'lost the certificate notifications; reconnecting'),
+        onConnected: () => {
+          forget();
+          listening = true;
+          listeners.forEach((l) => l());
+        },
+        onLost: (err) => {
+          listening = false;
+          forget();
+          o.logger?.warn({ err: (err as Error)?.message }, 'lost the certificate notifications; reconnecting');
+        },
         clock: o.clock ?? systemClock,
       });
       listener.start();
