@@ -6,7 +6,7 @@
 // its order (its certbot stops inside the auth hook): another gateway takes the lock and finishes.
 
 import { spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import type { Server } from 'node:http';
 import { connect, createServer, type Server as NetServer } from 'node:net';
@@ -102,6 +102,30 @@ function servedSerial(httpsPort: number): Promise<string> {
     });
     s.on('error', reject);
   });
+}
+
+/** The serial of the certificate presented for `domain` once it covers it; undefined before. */
+function presentedSerial(httpsPort: number, domain: string): Promise<string | undefined> {
+  return new Promise((resolve) => {
+    const s = tlsConnect({ host: '127.0.0.1', port: httpsPort, servername: domain, rejectUnauthorized: false }, () => {
+      const c = s.getPeerX509Certificate();
+      s.end();
+      resolve(c && c.checkHost(domain) !== undefined ? c.serialNumber : undefined);
+    });
+    s.on('error', () => resolve(undefined));
+  });
+}
+
+/** certbot's orders for `domain` on a gateway, from its logs. */
+function ordersFor(stateDir: string, domain: string): number {
+  const logs = join(stateDir, 'certbot', 'logs');
+  let n = 0;
+  for (const f of existsSync(logs) ? readdirSync(logs) : []) {
+    n += readFileSync(join(logs, f), 'utf8')
+      .split('\n')
+      .filter((l) => l.includes(`Requesting a certificate for ${domain}`)).length;
+  }
+  return n;
 }
 
 async function storedSerial(): Promise<string | null> {
@@ -200,6 +224,27 @@ process.exit(spawnSync('certbot', args, { stdio: 'inherit' }).status ?? 1);
       expect(r.status, r.body).toBe(200);
     }
   }, 240_000);
+
+  it('order a new domain once, whichever gateway the PUT reached, and all three serve it', async () => {
+    const domain = `second.${DOMAIN}`;
+    const doc = integrationDoc({
+      acmeServer: pebble.directoryUrl,
+      services: [
+        { run: 'fleet-tls', domain: DOMAIN, https: true, replicas: [directReplica('r0', echoPort)] },
+        { run: 'second', domain, https: true, replicas: [directReplica('r1', echoPort)] },
+      ],
+    });
+    const put = await api(fleet[2]!, { method: 'PUT', path: '/api/v1/state', body: doc });
+    expect(put.status, put.body).toBe(200);
+    const serials = await Promise.all(fleet.map((g) => eventually(async () => presentedSerial(g.httpsPort, domain), 120_000)));
+    expect(new Set(serials).size).toBe(1);
+    // One ACME order for it in the whole fleet.
+    const orders = fleet.map((g) => ordersFor(g.stateDir, domain));
+    expect(
+      orders.reduce((a, b) => a + b, 0),
+      JSON.stringify(orders),
+    ).toBe(1);
+  }, 150_000);
 
   it('answers a key authorization stored by any gateway from every gateway', async () => {
     const token = 'tok_' + 'c'.repeat(40);
