@@ -147,6 +147,8 @@ export class CertbotRunner {
       await writeFile(configFile, ini, { mode: 0o600 });
     }
     const secrets = req.acme.eab ? [req.acme.eab.hmacKey.reveal()] : [];
+    // The hooks' environment names the fleet's database, password included: never in an error.
+    for (const value of Object.values(req.sharedChallenges?.env ?? {})) secrets.push(value, ...urlPassword(value));
     // How long certbot took is measured on the wall clock; only its timeout runs on `clock`.
     const t0 = Date.now();
     try {
@@ -221,6 +223,16 @@ export function errorLine(output: string): string {
     .filter((l) => l !== '' && !NOISE.some((re) => re.test(l)) && !/^(Traceback|File ")/.test(l));
   const line = lines.join(' ').replace(/\s+/g, ' ').trim();
   return line.length > 300 ? `${line.slice(0, 297)}...` : line;
+}
+
+/** The password of a URL that has one, as written and decoded. */
+function urlPassword(value: string): string[] {
+  try {
+    const p = new URL(value).password;
+    return p ? [p, decodeURIComponent(p)] : [];
+  } catch {
+    return [];
+  }
 }
 
 /** Replaces every secret (and its base64url/base64 variants are the same string) with <redacted>. */

@@ -4,6 +4,7 @@
 // what it stores.
 
 import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import type { Logger } from 'pino';
 import type { ApplyResult, LoopContext } from '../types.js';
@@ -125,7 +126,7 @@ export async function fleetAttempt(
 
 /** Who stored a certificate, for an operator reading the table (no secret in it). */
 export function issuerName(): string {
-  return `pid ${process.pid}`;
+  return `${hostname()} pid ${process.pid}`;
 }
 
 /** certbot's account directory for an ACME server: accounts/<host[:port]>/<path>. */
