@@ -24,28 +24,26 @@ import { FakeClock } from '../../helpers/fake-clock.js';
 const DOMAIN = 'a.gw.test';
 const scratch = mkdtempSync(join(tmpdir(), 'dp-tls-fleet-'));
 let pair: { cert: string; key: string };
+/** The same domain, valid for a year: what another gateway's renewal stores. */
+let renewed: { cert: string; key: string };
 let otherKey: string;
 let n = 0;
 
 beforeAll(async () => {
-  const args = (name: string): string[] => [
+  const args = (name: string, days = 90): string[] => [
     ...['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes'],
-    ...[
-      '-keyout',
-      `${name}.key`,
-      '-out',
-      `${name}.pem`,
-      '-days',
-      '90',
-      '-subj',
-      `/CN=${DOMAIN}`,
-      '-addext',
-      `subjectAltName=DNS:${DOMAIN}`,
-    ],
+    ...['-keyout', `${name}.key`, '-out', `${name}.pem`, '-days', String(days), '-subj', `/CN=${DOMAIN}`],
+    ...['-addext', `subjectAltName=DNS:${DOMAIN}`],
   ];
   await execa('openssl', args('a'), { cwd: scratch });
   await execa('openssl', args('b'), { cwd: scratch });
-  pair = { cert: readFileSync(join(scratch, 'a.pem'), 'utf8'), key: readFileSync(join(scratch, 'a.key'), 'utf8') };
+  await execa('openssl', args('c', 365), { cwd: scratch });
+  const read = (name: string): { cert: string; key: string } => ({
+    cert: readFileSync(join(scratch, `${name}.pem`), 'utf8'),
+    key: readFileSync(join(scratch, `${name}.key`), 'utf8'),
+  });
+  pair = read('a');
+  renewed = read('c');
   otherKey = readFileSync(join(scratch, 'b.key'), 'utf8');
 });
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
@@ -95,7 +93,10 @@ function memoryStore(): SharedCertificates & { certs: Map<string, StoredCertific
   return s;
 }
 
-function rig(shared: SharedCertificates): { loop: TlsLoop; controller: Controller; stateDir: string; ready: () => string | undefined } {
+function rig(
+  shared: SharedCertificates,
+  clock = new FakeClock(Date.now()),
+): { loop: TlsLoop; controller: Controller; stateDir: string; ready: () => string | undefined } {
   const stateDir = join(scratch, `state-${++n}`);
   const loop = createTlsLoop({ stateDir, acmeWebroot: join(stateDir, 'acme'), certbotBin: '/bin/false', dnsPreflight: false, shared });
   const state = emptyState();
@@ -104,7 +105,7 @@ function rig(shared: SharedCertificates): { loop: TlsLoop; controller: Controlle
   const controller = new Controller({
     loops: [loop as unknown as AnyLoop],
     getSpec: () => ({ state, generation: 1 }),
-    clock: new FakeClock(Date.now()),
+    clock,
     logger: pino({ level: 'silent' }),
   });
   const ready = (): string | undefined =>
@@ -112,15 +113,15 @@ function rig(shared: SharedCertificates): { loop: TlsLoop; controller: Controlle
   return { loop, controller, stateDir, ready };
 }
 
-function stored(keyPem: string): StoredCertificate {
-  const check = checkCertificate(pair.cert, pair.key, DOMAIN, Date.now());
+function stored(keyPem: string, certPem = pair.cert): StoredCertificate {
+  const check = checkCertificate(certPem, keyPem === otherKey ? pair.key : keyPem, DOMAIN, Date.now());
   if (!check.ok) throw new Error(check.message);
   return {
     domain: DOMAIN,
     serial: check.info.serial,
     notBefore: check.info.notBefore,
     notAfter: check.info.notAfter,
-    certPem: pair.cert,
+    certPem,
     keyPem,
     acmeKey: 'k',
   };
@@ -160,6 +161,30 @@ describe('the TLS loop of a gateway in a fleet', () => {
     expect(r.loop.certbotRuns()).toBe(0);
     const issuing = r.controller.statuses().loops.tls?.objects[DOMAIN]?.conditions.find((c) => c.type === 'Issuing');
     expect(issuing?.status).toBe('True');
+    await r.controller.stop();
+  });
+
+  it('leaves a renewal to the gateway holding the lock, and installs what it stores', async () => {
+    const shared = memoryStore();
+    shared.certs.set(DOMAIN, stored(pair.key));
+    const clock = new FakeClock(Date.now());
+    const r = rig(shared, clock);
+    await r.controller.reconcileAll();
+    expect(r.ready()).toBe('Issued');
+    // Two thirds of the 90 days later it is due: another gateway holds the lock and renews.
+    clock.advance(61 * 86_400_000);
+    shared.lockHeld = true;
+    await r.controller.reconcileAll();
+    expect(r.loop.certbotRuns()).toBe(0);
+    const issuing = r.controller.statuses().loops.tls?.objects[DOMAIN]?.conditions.find((c) => c.type === 'Issuing');
+    expect(issuing?.status).toBe('True');
+    // It stores the renewed certificate and lets the lock go: this gateway installs it, no order.
+    const next = stored(renewed.key, renewed.cert);
+    shared.certs.set(DOMAIN, next);
+    shared.lockHeld = false;
+    await r.controller.reconcileAll();
+    expect(r.loop.certbotRuns()).toBe(0);
+    expect(certificateOutputs(r.controller.statuses(), DOMAIN)?.serial).toBe(next.serial);
     await r.controller.stop();
   });
 
