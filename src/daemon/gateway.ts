@@ -26,7 +26,7 @@ import type { NginxProcess } from '../reconcilers/nginx/nginx-process.js';
 import type { SshLoop } from '../reconcilers/ssh/index.js';
 import { openCachedStore } from '../state/cached-store.js';
 import { openStore, parseStoreUrl, redactStoreUrl } from '../state/open-store.js';
-import { openPgCertificates } from '../state/postgres-certificates.js';
+import { openPgCertificates } from '../gateway/postgres-certificates.js';
 import type { SharedCertificates } from '../reconcilers/tls/shared.js';
 import { openWatchedFileStore } from '../state/watched-file-store.js';
 import type { WatchedStateStore } from '../state/watched-store.js';

@@ -2,7 +2,7 @@
 // domain's certificate (a lock the database releases if that gateway dies), the result, the
 // ACME account and the HTTP-01 key authorizations live in the database, and every other gateway
 // installs the stored certificate without calling the CA. The TLS loop only sees this interface;
-// src/state/postgres-certificates.ts is the PostgreSQL one.
+// src/gateway/postgres-certificates.ts is the PostgreSQL one.
 
 import type { BackoffFile, DomainBackoff } from './backoff.js';
 

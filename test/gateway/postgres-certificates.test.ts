@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SharedBackoffStore } from '../../src/reconcilers/tls/backoff.js';
 import { challengeHookPath } from '../../src/reconcilers/tls/certbot.js';
 import type { SharedCertificates, StoredCertificate } from '../../src/reconcilers/tls/shared.js';
-import { openPgCertificates } from '../../src/state/postgres-certificates.js';
+import { openPgCertificates } from '../../src/gateway/postgres-certificates.js';
 import { eventually } from '../helpers/nginx.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/postgres.js';
 
@@ -59,7 +59,12 @@ describe('the PostgreSQL certificate store', () => {
     const stored = await b.get('a.gw.test');
     expect(stored).toMatchObject({ serial: 'AA02', acmeKey: 'k1', notAfter: now + 90 * 86_400_000 });
     expect(stored?.keyPem).toContain('secret-AA02');
-    expect((await b.list()).get('a.gw.test')).toEqual({ serial: 'AA02', notBefore: now, notAfter: now + 90 * 86_400_000 });
+    // Its figures, as another gateway's pass reads them once the change is announced.
+    const figures = await eventually(async () => {
+      const f = (await b.list()).get('a.gw.test');
+      return f?.serial === 'AA02' ? f : undefined;
+    });
+    expect(figures).toEqual({ serial: 'AA02', notBefore: now, notAfter: now + 90 * 86_400_000 });
     expect(await b.get('other.gw.test')).toBeNull();
     // The other store heard of the stored certificates without polling.
     await eventually(async () => (changes.length > before ? true : undefined));
@@ -143,13 +148,15 @@ describe('the PostgreSQL certificate store', () => {
     expect((await x.get('a.gw.test'))?.failedAttempts).toBe(1);
     expect(await y.get('a.gw.test')).toBeUndefined();
     await x.flush();
-    expect((await y.get('a.gw.test'))?.failedAttempts).toBe(1);
+    // The other reads its copy until the change's notification arrives (milliseconds).
+    await eventually(async () => ((await y.get('a.gw.test'))?.failedAttempts === 1 ? true : undefined));
     expect((await y.load()).orders.sort()).toEqual(Array.from({ length: 10 }, (_, i) => now + i));
     // What the database holds is input: a damaged row reads as an empty backoff, not a crash.
     const admin = new pg.Client({ connectionString: db.connectionString });
     await admin.connect();
     await admin.query(`UPDATE proxy_acme_backoff SET data = '{"domains": {"x": 5}, "orders": ["a", 3]}'`);
     await admin.end();
+    await eventually(async () => ((await y.load()).orders.length === 1 ? true : undefined));
     expect(await y.load()).toEqual({ version: 1, domains: {}, orders: [3] });
   });
 });

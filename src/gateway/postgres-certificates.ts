@@ -20,8 +20,8 @@ import {
   type StoredCertificate,
   type StoredCertificateInfo,
 } from '../reconcilers/tls/shared.js';
-import { PgListener } from './postgres-listener.js';
-import { PG_TIMEOUT_MS } from './postgres-store.js';
+import { PgListener } from '../state/postgres-listener.js';
+import { PG_TIMEOUT_MS } from '../state/postgres-store.js';
 
 export const CERTIFICATES_CHANNEL = 'dstack_proxy_certificates';
 /** The environment variable certbot's hooks read the connection string from. */
