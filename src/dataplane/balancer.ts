@@ -110,6 +110,8 @@ export class Balancer {
   /** Accepted connections' relays, told to drain when a successor took the link. */
   readonly #relays = new Set<RelayConnection>();
   #published = false;
+  /** awaitSuccessor() ran: close() does not wait a second time. */
+  #waitedForSuccessor = false;
   readonly #o: BalancerOptions;
   readonly #servers = new Map<string, Server>();
   /** Accepted connections, closed with the balancer. */
@@ -310,7 +312,7 @@ export class Balancer {
   async close(o: { drainMs?: number; successorWaitMs?: number } = {}): Promise<void> {
     await Promise.all([...this.#servers.keys()].map((k) => this.unlisten(k)));
     const shared = this.#shared;
-    if (shared && this.#published && (o.successorWaitMs ?? 0) > 0 && (await this.#ownsLink())) {
+    if (shared && this.#published && !this.#waitedForSuccessor && (o.successorWaitMs ?? 0) > 0 && (await this.#ownsLink())) {
       await this.#awaitSuccessor(o.successorWaitMs!);
     }
     this.#served.clear();
@@ -324,6 +326,19 @@ export class Balancer {
       await rm(join(this.#o.socketDir, INSTANCES_DIR, this.#instance), { recursive: true, force: true });
     }
     for (const c of this.#clients) c.destroy();
+  }
+
+  /**
+   * A restart, before anything here closes: the next process starts only once this one was told
+   * to stop, so everything (this socket, and whatever the caller keeps open) serves on until a
+   * successor takes the link, or `ms` passed. True when one took it; false at once when this
+   * balancer does not hold the link. close() then waits no more.
+   */
+  async awaitSuccessor(ms: number): Promise<boolean> {
+    if (!this.#shared || !this.#published || ms <= 0 || !(await this.#ownsLink())) return false;
+    this.#waitedForSuccessor = true;
+    await this.#awaitSuccessor(ms);
+    return !(await this.#ownsLink());
   }
 
   /** Until the link leads elsewhere, or `ms` passed; this socket serves meanwhile. */

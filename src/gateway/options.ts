@@ -197,7 +197,7 @@ export const OPTION_SPECS = {
     kind: 'seconds',
     default: 0,
     allowZero: true,
-    help: 'seconds a gateway told to stop goes on serving Nginx (system Nginx only) until one started with --take-over true takes over from it, so a restart drops no request; it then finishes what it has in flight (at most --drain-period). Its API and loops stop at once. 0: it stops serving at once. A private Nginx stops with its gateway, so there it has no effect',
+    help: 'seconds a gateway told to stop goes on serving Nginx (system Nginx only) until one started with --take-over true takes over from it, so a restart drops no request; it then finishes what it has in flight (at most --drain-period). Its API and loops go on meanwhile, so the management API changes hands within milliseconds. 0: it stops serving at once. A private Nginx stops with its gateway, so there it has no effect',
   },
   certbotBin: { kind: 'string', default: 'certbot', help: 'the certbot program' },
   certbotTimeout: { kind: 'seconds', default: 40, help: 'seconds after which a certbot run is killed with its whole process group' },

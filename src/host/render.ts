@@ -66,8 +66,8 @@ export function renderStartScript(root: string): string {
 #     active slot's gateway again beside the running one, the same way. A new one that fails
 #     before it took over leaves the old one serving.
 #   - SIGTERM/SIGINT (\`systemctl stop\`, the first half of a restart): passed to every gateway it
-#     started, and this script exits at once. A gateway told to stop closes its API and loops but
-#     serves Nginx for up to ${SUCCESSOR_WAIT_SECONDS} s more, until a new one takes over (the restart's second half),
+#     started, and this script exits at once. A gateway told to stop goes on whole (its API
+#     included) for up to ${SUCCESSOR_WAIT_SECONDS} s more, until a new one takes over (the restart's second half),
 #     then finishes what it has in flight (at most its drain period) and exits.
 #   - The serving gateway ending on its own after ${CRASH_RESTART_AFTER_SECONDS} s or more is started again at once; one
 #     ending sooner ends this script with its status, for systemd to restart the unit.

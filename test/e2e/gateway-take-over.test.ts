@@ -24,7 +24,7 @@ import { request } from '../helpers/http.js';
 import { eventually } from '../helpers/nginx.js';
 import { freePorts } from '../helpers/ports.js';
 import { generateKey, startSshd, type ClientKey, type TestSshd } from '../helpers/sshd.js';
-import { directReplica, integrationDoc, startControlServer, type ControlServer } from './integration-harness.js';
+import { directReplica, integrationDoc, type ServiceDoc, startControlServer, type ControlServer } from './integration-harness.js';
 
 /**
  * A direct replica, one behind sshd, one whose token the control server checks, and the model
@@ -123,6 +123,50 @@ function gatewayArgs(extra: string[] = []): string[] {
   ];
 }
 
+/** The document of these tests; `extra` services after the four the steady client asks. */
+function takeOverDoc(extra: ServiceDoc[] = []): Record<string, unknown> {
+  return integrationDoc({
+    sshPrivateKey: key.privateKey,
+    entrypoints: [{ domain: 'models.gw.test' }],
+    services: [
+      { run: 'svc', domain: 'svc.gw.test', replicas: [directReplica('r0', replicaPort)] },
+      { run: 'guarded', domain: 'guarded.gw.test', auth: true, replicas: [directReplica('g0', replicaPort)] },
+      {
+        run: 'tunnel',
+        domain: 'tunnel.gw.test',
+        replicas: [{ id: 't0', appPort: replicaPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }],
+      },
+      ...extra,
+    ],
+  });
+}
+
+/** The management API asked every 10 ms until stop(): calls refused, and the longest time without an answer. */
+function apiPoller(): { stop: () => Promise<{ answered: number; refused: number; longestGapMs: number }> } {
+  const seen = { answered: 0, refused: 0, longestGapMs: 0 };
+  let polling = true;
+  const done = (async () => {
+    let last = performance.now();
+    while (polling) {
+      const r = await api(ports, { path: '/readyz' }).catch(() => null);
+      const now = performance.now();
+      if (r?.status === 200) {
+        seen.answered++;
+        seen.longestGapMs = Math.max(seen.longestGapMs, now - last);
+        last = now;
+      } else seen.refused++;
+      await new Promise((res) => setTimeout(res, 10));
+    }
+  })();
+  return {
+    stop: async () => {
+      polling = false;
+      await done;
+      return seen;
+    },
+  };
+}
+
 const get = (path = '/', host = 'svc.gw.test') =>
   request({ port: ports.httpPort, host, path, localAddress: '127.0.0.2', headers: { authorization: `Bearer ${TOKEN}` } });
 
@@ -188,23 +232,7 @@ describe('gateway --take-over true', () => {
   it('takes over from the running gateway: no request fails, an open stream runs to its end', async () => {
     const a = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs() });
     gateways.push(a);
-    const put = await api(ports, {
-      method: 'PUT',
-      path: '/api/v1/state',
-      body: integrationDoc({
-        sshPrivateKey: key.privateKey,
-        entrypoints: [{ domain: 'models.gw.test' }],
-        services: [
-          { run: 'svc', domain: 'svc.gw.test', replicas: [directReplica('r0', replicaPort)] },
-          { run: 'guarded', domain: 'guarded.gw.test', auth: true, replicas: [directReplica('g0', replicaPort)] },
-          {
-            run: 'tunnel',
-            domain: 'tunnel.gw.test',
-            replicas: [{ id: 't0', appPort: replicaPort, ssh: { host: '127.0.0.1', port: sshd.port, user: sshd.user } }],
-          },
-        ],
-      }),
-    });
+    const put = await api(ports, { method: 'PUT', path: '/api/v1/state', body: takeOverDoc() });
     expect(put.status).toBe(200);
     await eventually(async () => {
       for (const host of HOSTS) if ((await get(pathOf(host), host)).status !== 200) return undefined;
@@ -313,15 +341,23 @@ describe('gateway --take-over true', () => {
     await new Promise((res) => setTimeout(res, 300));
 
     // A restart as systemd does one: stop, and only once that returned, start.
+    const management = apiPoller();
     current.child.kill('SIGTERM');
     await new Promise((res) => setTimeout(res, 1_500));
-    // Its API is closed, its data plane still serves: nothing has failed so far.
+    // It serves on whole until a successor comes: its data plane, and its management API too.
     expect(current.child.exitCode).toBeNull();
     expect(await readlink(link)).toMatch(new RegExp(`^instances/${current.child.pid}\\.`));
     const before = client.seen.answered;
     expect(client.seen.failures).toEqual([]);
     await new Promise((res) => setTimeout(res, 300));
     expect(client.seen.answered).toBeGreaterThan(before);
+    // A change sent to it now is stored, and the gateway that takes over serves it.
+    const late = await api(ports, {
+      method: 'PUT',
+      path: '/api/v1/state',
+      body: takeOverDoc([{ run: 'late', domain: 'late.gw.test', replicas: [directReplica('l0', replicaPort)] }]),
+    });
+    expect(late.status, late.body).toBe(200);
 
     const next = await startCliGateway(join(dir, 'state'), ports, { args: gatewayArgs(['--take-over', 'true']), waitReady: false });
     gateways.push(next);
@@ -340,5 +376,12 @@ describe('gateway --take-over true', () => {
     expect(failures).toEqual([]);
     expect(answered).toBeGreaterThan(50);
     await eventually(async () => ((await api(ports, { path: '/readyz' }).catch(() => null))?.status === 200 ? true : undefined), 30_000);
+    const calls = await management.stop();
+    // The API's port changes hands once the new one has taken over: only then, and briefly.
+    console.log(
+      `restart: management API answered ${calls.answered} calls, refused ${calls.refused}, longest time without an answer ${calls.longestGapMs.toFixed(0)} ms`,
+    );
+    expect(calls.answered).toBeGreaterThan(50);
+    expect((await get('/', 'late.gw.test')).status).toBe(200);
   }, 120_000);
 });
