@@ -34,6 +34,11 @@ export interface IssuerOptions {
   onIssued?: (domain: string, cert: { info: CertInfo; certPem: string; keyPem: string }, acmeKey: string) => Promise<void>;
 }
 
+/** What certbot says when another certbot process holds its lock on the same directories. */
+const CERTBOT_BUSY = /Another instance of Certbot is already running/i;
+/** How soon a run refused by certbot's lock is tried again. */
+export const CERTBOT_BUSY_RETRY_MS = 5_000;
+
 /** A day: the resync covers anything later. */
 const MAX_REQUEUE_MS = 24 * 60 * 60_000;
 
@@ -108,6 +113,18 @@ export class Issuer {
       ctx.clock,
     );
     const now = ctx.clock.now();
+    if (!result.ok && CERTBOT_BUSY.test(result.error)) {
+      // Another certbot holds these directories (the gateway this one takes over from, in the
+      // middle of an order): this run reached no CA, so nothing counts against the domain or the
+      // order budget; ask again shortly.
+      await backoff.update((d) => {
+        const i = d.orders.lastIndexOf(start);
+        if (i >= 0) d.orders.splice(i, 1);
+      }, now);
+      ctx.logger.info({ domain }, `another certbot is running on this gateway's certbot directories; trying ${domain} again shortly`);
+      this.#report(ctx, domainInfo(domain, await files.served(domain, now), await backoff.get(domain), true));
+      return { requeueAfterMs: CERTBOT_BUSY_RETRY_MS };
+    }
     const c = await files.lineage(domain, now);
     const fresh = c.ok && !(renew && before?.ok && before.info.serial === c.info.serial);
     if (result.ok && fresh) {

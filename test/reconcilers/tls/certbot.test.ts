@@ -1,5 +1,6 @@
 // A certbot that hangs is killed at the timeout with its whole process group.
 
+import { spawn } from 'node:child_process';
 import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -97,5 +98,50 @@ describe('certbot timeout', () => {
     expect(ready?.message).toContain('error certbot did not finish within 1 s and was killed');
     const pgid = Number(readFileSync(pidFile, 'utf8').trim());
     await eventually(() => (groupMembers(pgid).length === 0 ? true : undefined), 10_000);
+  });
+});
+
+describe("certbot's own lock", () => {
+  it('a run refused because another certbot holds the directories counts as no attempt, and is tried again shortly', async () => {
+    // Another certbot on the same directories: the gateway this one takes over from, mid-order.
+    // Here a process holding certbot's lock files, as certbot does (lockf on .certbot.lock).
+    const stateDir = join(dir, 'locked');
+    const dirs = ['config', 'work', 'logs'].map((d) => join(stateDir, 'certbot', d));
+    const holder = spawn(
+      'python3',
+      [
+        '-c',
+        'import fcntl,os,sys,time\nfs=[]\nfor d in sys.argv[1:]:\n  os.makedirs(d,exist_ok=True)\n  f=open(os.path.join(d,".certbot.lock"),"w")\n  fcntl.lockf(f,fcntl.LOCK_EX|fcntl.LOCK_NB)\n  fs.append(f)\nprint("held",flush=True)\ntime.sleep(60)',
+        ...dirs,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    try {
+      await new Promise<void>((resolve) => holder.stdout!.once('data', () => resolve()));
+      const loop = createTlsLoop({ stateDir, acmeWebroot: join(stateDir, 'web'), dnsPreflight: false });
+      const state = emptyState();
+      state.spec.acme = { ...state.spec.acme, server: 'https://127.0.0.1:1/dir' };
+      state.spec.entrypoints.push({ project: 'main', domain: 'locked.gw.test', https: true });
+      const controller = new Controller({
+        loops: [loop as never],
+        getSpec: () => ({ state, generation: 1 }),
+        clock: new FakeClock(Date.now()),
+      });
+      await controller.reconcileAll();
+      await controller.stop();
+      expect(loop.certbotRuns()).toBe(1);
+      const conditions = controller.statuses().loops.tls?.objects['locked.gw.test']?.conditions ?? [];
+      expect(conditions.find((c) => c.type === 'Ready')).toMatchObject({ status: 'False', reason: 'Pending' });
+      expect(conditions.find((c) => c.type === 'Issuing')).toMatchObject({ status: 'True' });
+      // Nothing recorded: no failure, and no order spent.
+      const backoff = JSON.parse(readFileSync(join(stateDir, 'tls-backoff.json'), 'utf8')) as {
+        orders: number[];
+        domains: Record<string, unknown>;
+      };
+      expect(backoff.orders).toEqual([]);
+      expect(backoff.domains['locked.gw.test']).toBeUndefined();
+    } finally {
+      holder.kill('SIGKILL');
+    }
   });
 });
