@@ -657,6 +657,21 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     const before = listenerPid(apiPort);
     const load = steadyLoad(serves);
     const stream = openStream(httpPort, 50);
+    // The management API, asked every 10 ms: the old gateway answers it until the new one took over.
+    const api = { answered: 0, refused: 0, longestGapMs: 0, polling: true };
+    const polled = (async () => {
+      let last = performance.now();
+      while (api.polling) {
+        const code = await readyz();
+        const now = performance.now();
+        if (code === 200) {
+          api.answered++;
+          api.longestGapMs = Math.max(api.longestGapMs, Math.round(now - last));
+          last = now;
+        } else api.refused++;
+        await new Promise((res) => setTimeout(res, 10));
+      }
+    })();
     await new Promise((res) => setTimeout(res, 300));
     const r = await run([...settings.systemctl, 'restart', `${settings.unitName}.service`], 60_000);
     expect(r.code, r.stderr).toBe(0);
@@ -666,7 +681,11 @@ describe('host update and rollback on an installed host', { timeout: 900_000 }, 
     }, 60_000);
     await new Promise((res) => setTimeout(res, 300));
     const seen = await load.stop();
+    api.polling = false;
+    await polled;
     console.log(`systemctl restart: ${seen.ok} answered, failed: ${JSON.stringify(seen.failed)}, longest gap ${seen.longestGapMs} ms`);
+    console.log(`systemctl restart: management API ${api.answered} answered, ${api.refused} refused, longest gap ${api.longestGapMs} ms`);
+    expect(api.answered).toBeGreaterThan(10);
     expect(seen.failed, journal()).toEqual([]);
     expect(await stream).toBe(50);
     expect(seen.ok).toBeGreaterThan(10);
