@@ -14,7 +14,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { API_VERSION, KIND, validate } from '../src/spec/index.js';
 import { openStore } from '../src/state/open-store.js';
-import { startPebble } from '../test/helpers/pebble.js';
+import { startPebble, type TestPebble } from '../test/helpers/pebble.js';
 import { freePort } from '../test/helpers/ports.js';
 import { startBenchGateway } from './gateway.js';
 import { localPostgres } from './stores.js';
@@ -45,20 +45,18 @@ export async function fleetRows(): Promise<Row[]> {
   const replica = http.createServer((_req, res) => res.end('ok'));
   await new Promise<void>((r) => replica.listen(0, '127.0.0.1', r));
   const replicaPort = (replica.address() as { port: number }).port;
-  const started: Bench[] = [];
+  let started: Bench[] = [];
   const fleet: Bench[] = [];
-  const frontPort = await freePort();
-  const pebble = await startPebble({ validateAt: frontPort });
-  const front = validationFront(frontPort, () => fleet);
+  let pebble: TestPebble | undefined;
+  let front: ReturnType<typeof validationFront> | undefined;
   try {
-    const acme = { acmeCaBundle: pebble.caPath, dnsPreflight: 'false', certbotTimeout: '120' };
     const start = async (stateDir: string, flags: Record<string, string>): Promise<Bench> => ({
       ...(await startBenchGateway(stateDir, {}, flags)),
       stateDir,
     });
-    const alone = await start(path.join(dir, 'alone'), acme);
+    let alone = await start(path.join(dir, 'alone'), {});
     started.push(alone);
-    for (let i = 0; i < 3; i++) fleet.push(await start(path.join(dir, `g${i}`), { db: pg.url, ...acme }));
+    for (let i = 0; i < 3; i++) fleet.push(await start(path.join(dir, `g${i}`), { db: pg.url }));
     started.push(...fleet);
 
     const runs: string[] = [];
@@ -84,7 +82,19 @@ export async function fleetRows(): Promise<Row[]> {
     } finally {
       await store.close();
     }
-    // Certificates: one gateway for itself (its own Pebble front), then the fleet.
+    // Certificates, on gateways of their own started with the ACME CA's bundle (the rows above
+    // run without Pebble, as they always did): one gateway for itself, then the fleet.
+    for (const g of started) await g.gw.close();
+    started = [];
+    fleet.length = 0;
+    const frontPort = await freePort();
+    pebble = await startPebble({ validateAt: frontPort });
+    front = validationFront(frontPort, () => fleet);
+    const acme = { acmeCaBundle: pebble.caPath, dnsPreflight: 'false', certbotTimeout: '120' };
+    alone = await start(path.join(dir, 'tls-alone'), acme);
+    started.push(alone);
+    for (let i = 0; i < 3; i++) fleet.push(await start(path.join(dir, `tls-g${i}`), { db: pg.url, ...acme }));
+    started.push(...fleet);
     const tlsAlone: number[] = [];
     const tlsFleet: number[] = [];
     const tlsRuns: string[] = [];
@@ -135,8 +145,8 @@ export async function fleetRows(): Promise<Row[]> {
       },
     ];
   } finally {
-    front.server.close();
-    await pebble.destroy();
+    front?.server.close();
+    await pebble?.destroy();
     for (const g of started) await g.gw.close();
     replica.closeAllConnections();
     await new Promise((r) => replica.close(r));

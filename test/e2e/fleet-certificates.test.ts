@@ -220,7 +220,12 @@ process.exit(spawnSync('certbot', args, { stdio: 'inherit' }).status ?? 1);
     // Served over HTTPS by every gateway, with a certificate the CA's root vouches for.
     const ca = await pebble.rootPem();
     for (const g of fleet) {
-      const r = await call({ port: g.httpsPort, host: DOMAIN, ca });
+      // A connection right after a reload may still reach a worker of the config before it
+      // (Nginx's Applied status is what waits that out): asked until the site answers.
+      const r = await eventually(async () => {
+        const x = await call({ port: g.httpsPort, host: DOMAIN, ca }).catch(() => null);
+        return x?.status === 200 ? x : undefined;
+      });
       expect(r.status, r.body).toBe(200);
     }
   }, 240_000);

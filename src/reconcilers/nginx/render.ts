@@ -85,6 +85,10 @@ export function renderGlobal(v: GlobalView): string {
     l.push(...block(`map $upstream_http_${headerVariable(HIT_HEADER)} $dstack_by_host_hit`, ["'' 1;", 'default 0;']), '');
   }
   l.push(...dataplaneUpstream(v));
+  if (v.acmePeersTarget !== null) {
+    l.push('# ACME challenges missing from the webroot, asked of the API: a few per second per client.');
+    l.push(`limit_req_zone $binary_remote_addr zone=${ACME_ASKS_ZONE}:1m rate=${ACME_ASKS_RATE};`, '');
+  }
   l.push(...trustedProxies(v));
   l.push(...internalRealIp(v));
   if (v.serverNamesHash) {
@@ -308,9 +312,21 @@ function acmeLocations(v: Pick<SiteCommon, 'acmeWebroot' | 'acmePeersTarget'>): 
   if (v.acmePeersTarget === null) return block(`location ^~ ${ACME_PREFIX}`, [root]);
   return [
     ...block(`location ^~ ${ACME_PREFIX}`, [root, `try_files $uri ${ACME_PEERS_LOCATION};`]),
-    ...block(`location ${ACME_PEERS_LOCATION}`, [`proxy_pass ${v.acmePeersTarget};`, 'proxy_set_header Host $host;']),
+    ...block(`location ${ACME_PEERS_LOCATION}`, [
+      // Each miss costs the API a database query or a question to every peer: a client sending
+      // made-up tokens is held to a few per second. A CA's validations come far below that.
+      `limit_req zone=${ACME_ASKS_ZONE} burst=${ACME_ASKS_BURST} nodelay;`,
+      'limit_req_status 429;',
+      `proxy_pass ${v.acmePeersTarget};`,
+      'proxy_set_header Host $host;',
+    ]),
   ];
 }
+
+/** The zone that limits the challenges asked of the API, per client address. */
+const ACME_ASKS_ZONE = 'dstack_acme_asks';
+const ACME_ASKS_RATE = '10r/s';
+const ACME_ASKS_BURST = 20;
 
 /** The named location a challenge missing from the webroot goes to. */
 const ACME_PEERS_LOCATION = '@dstack_acme_peers';

@@ -78,6 +78,25 @@ describe('every file', () => {
   });
 });
 
+describe('ACME challenges asked of the API (peers, or a fleet sharing its certificates)', () => {
+  const asked = buildViews(sampleState(8001), { ...opts, acmePeers: true, apiUrl: 'http://127.0.0.1:8080' });
+  it('holds each client to a few questions per second: a zone in the global file, the limit in every named location', () => {
+    const global = renderGlobal(asked.global);
+    expectLines(global, ['limit_req_zone $binary_remote_addr zone=dstack_acme_asks:1m rate=10r/s;']);
+    for (const text of [global, ...asked.sites.map((s) => renderSite(s))]) {
+      for (const server of serverBlocks(text)) {
+        const named = locationBlocks(server).get('@dstack_acme_peers');
+        if (named === undefined) continue;
+        expectLines(named, ['limit_req zone=dstack_acme_asks burst=20 nodelay;', 'proxy_pass http://127.0.0.1:8080;']);
+      }
+    }
+    expect(renderSite(asked.sites[0]!)).toContain('@dstack_acme_peers');
+  });
+  it('has neither without them', () => {
+    expect([...renderAll(views).values()].join('\n')).not.toContain('dstack_acme_asks');
+  });
+});
+
 describe('global file', () => {
   const text = renderGlobal(views.global);
   it('defines the stats log format, the hit flag and the upgrade map', () => {
