@@ -118,10 +118,13 @@ describe('--acme-challenge-peers', () => {
 
   // Last: the CA validates through the same loopback address, and is held the same way.
   it('holds a client sending made-up tokens to a few questions a second (429 past a burst of 20)', async () => {
-    const codes: number[] = [];
-    for (let i = 0; i < 40; i++) {
-      codes.push((await call({ port: httpPorts[0]!, host: DOMAIN, path: `/.well-known/acme-challenge/made_up_${i}` })).status);
-    }
+    // All at once: 20 pass at once, then 10 a second; 60 arrive far faster than that.
+    const codes = await Promise.all(
+      Array.from(
+        { length: 60 },
+        async (_, i) => (await call({ port: httpPorts[0]!, host: DOMAIN, path: `/.well-known/acme-challenge/made_up_${i}` })).status,
+      ),
+    );
     expect(codes.filter((c) => c === 404).length).toBeGreaterThanOrEqual(20);
     expect(codes).toContain(429);
     expect(codes.every((c) => c === 404 || c === 429)).toBe(true);
