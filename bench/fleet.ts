@@ -155,14 +155,18 @@ export async function fleetRows(): Promise<Row[]> {
   }
 }
 
-async function putUntilServed(to: Bench, all: Bench[], doc: unknown, host: string): Promise<number> {
-  const t = performance.now();
+async function putState(to: Bench, doc: unknown): Promise<void> {
   const r = await fetch(`${to.gw.apiUrl}/api/v1/state`, {
     method: 'PUT',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify(doc),
   });
   if (!r.ok) throw new Error(`PUT answered ${r.status}: ${(await r.text()).slice(0, 300)}`);
+}
+
+async function putUntilServed(to: Bench, all: Bench[], doc: unknown, host: string): Promise<number> {
+  const t = performance.now();
+  await putState(to, doc);
   await servedByAll(all, host);
   return performance.now() - t;
 }
@@ -170,12 +174,7 @@ async function putUntilServed(to: Bench, all: Bench[], doc: unknown, host: strin
 /** Until every gateway presents a certificate for `host`, all with the same serial. */
 async function putUntilCertified(to: Bench, all: Bench[], doc: unknown, host: string): Promise<number> {
   const t = performance.now();
-  const r = await fetch(`${to.gw.apiUrl}/api/v1/state`, {
-    method: 'PUT',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(doc),
-  });
-  if (!r.ok) throw new Error(`PUT answered ${r.status}: ${(await r.text()).slice(0, 300)}`);
+  await putState(to, doc);
   const deadline = performance.now() + 120_000;
   const serials = new Set<string>();
   for (const g of all) {

@@ -58,30 +58,28 @@ const SCHEMA = [
      id smallint PRIMARY KEY CHECK (id = 1),
      data jsonb NOT NULL
    )`,
-  `CREATE OR REPLACE FUNCTION proxy_acme_certificates_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-   BEGIN
-     PERFORM pg_notify('${CERTIFICATES_CHANNEL}', NEW.domain);
-     RETURN NULL;
-   END $$`,
-  `DO $$ BEGIN
-     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'proxy_acme_certificates_notify') THEN
-       CREATE TRIGGER proxy_acme_certificates_notify AFTER INSERT OR UPDATE ON proxy_acme_certificates
-       FOR EACH ROW EXECUTE FUNCTION proxy_acme_certificates_notify();
-     END IF;
-   END $$`,
+  ...notifyTrigger('proxy_acme_certificates', 'NEW.domain'),
   // The backoff's changes are announced with an empty payload: readers drop their copy.
-  `CREATE OR REPLACE FUNCTION proxy_acme_backoff_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-   BEGIN
-     PERFORM pg_notify('${CERTIFICATES_CHANNEL}', '');
-     RETURN NULL;
-   END $$`,
-  `DO $$ BEGIN
-     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'proxy_acme_backoff_notify') THEN
-       CREATE TRIGGER proxy_acme_backoff_notify AFTER INSERT OR UPDATE ON proxy_acme_backoff
-       FOR EACH ROW EXECUTE FUNCTION proxy_acme_backoff_notify();
-     END IF;
-   END $$`,
+  ...notifyTrigger('proxy_acme_backoff', "''"),
 ];
+
+/** A function and an AFTER INSERT OR UPDATE trigger on `table` sending `payload` on the channel. */
+function notifyTrigger(table: string, payload: string): string[] {
+  const name = `${table}_notify`;
+  return [
+    `CREATE OR REPLACE FUNCTION ${name}() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN
+       PERFORM pg_notify('${CERTIFICATES_CHANNEL}', ${payload});
+       RETURN NULL;
+     END $$`,
+    `DO $$ BEGIN
+       IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '${name}') THEN
+         CREATE TRIGGER ${name} AFTER INSERT OR UPDATE ON ${table}
+         FOR EACH ROW EXECUTE FUNCTION ${name}();
+       END IF;
+     END $$`,
+  ];
+}
 
 export interface PgCertificatesOptions {
   connectionString: string;

@@ -92,25 +92,13 @@ async function tlsConditions(port: number): Promise<Condition[]> {
   return s.loops.tls?.objects[DOMAIN]?.conditions ?? [];
 }
 
-/** The serial of the certificate a gateway's Nginx presents for DOMAIN. */
-function servedSerial(httpsPort: number): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const s = tlsConnect({ host: '127.0.0.1', port: httpsPort, servername: DOMAIN, rejectUnauthorized: false }, () => {
-      const serial = s.getPeerCertificate().serialNumber;
-      s.end();
-      resolve(serial.toUpperCase());
-    });
-    s.on('error', reject);
-  });
-}
-
 /** The serial of the certificate presented for `domain` once it covers it; undefined before. */
 function presentedSerial(httpsPort: number, domain: string): Promise<string | undefined> {
   return new Promise((resolve) => {
     const s = tlsConnect({ host: '127.0.0.1', port: httpsPort, servername: domain, rejectUnauthorized: false }, () => {
       const c = s.getPeerX509Certificate();
       s.end();
-      resolve(c && c.checkHost(domain) !== undefined ? c.serialNumber : undefined);
+      resolve(c && c.checkHost(domain) !== undefined ? c.serialNumber.toUpperCase() : undefined);
     });
     s.on('error', () => resolve(undefined));
   });
@@ -197,7 +185,7 @@ process.exit(spawnSync('certbot', args, { stdio: 'inherit' }).status ?? 1);
       fleet.map((g) =>
         eventually(async () => {
           const ready = (await tlsConditions(g.apiPort)).find((x) => x.type === 'Ready');
-          return ready?.status === 'True' ? servedSerial(g.httpsPort).catch(() => undefined) : undefined;
+          return ready?.status === 'True' ? presentedSerial(g.httpsPort, DOMAIN) : undefined;
         }, 120_000),
       ),
     );
@@ -214,7 +202,7 @@ process.exit(spawnSync('certbot', args, { stdio: 'inherit' }).status ?? 1);
     // A third gateway joins: it installs the stored certificate without calling the CA.
     fleet.push(await startGatewayWith(gatewayFlags()));
     const late = fleet[2]!;
-    const lateSerial = await eventually(async () => servedSerial(late.httpsPort).catch(() => undefined), 60_000);
+    const lateSerial = await eventually(async () => presentedSerial(late.httpsPort, DOMAIN), 60_000);
     expect(lateSerial).toBe(serials[0]);
     expect(existsSync(certbotLog(late.stateDir))).toBe(false);
     // Served over HTTPS by every gateway, with a certificate the CA's root vouches for.
