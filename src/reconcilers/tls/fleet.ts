@@ -24,16 +24,21 @@ function figuresCheck(info: StoredCertificateInfo, now: number): CertCheck {
   return { ok: true, info: { ...info, renewalTime: renewalTime(info.notBefore, info.notAfter) } };
 }
 
+/** Per domain, the serial whose PEMs were read and checked, and whether they were usable. */
+export type CheckedSerials = Map<string, { serial: string; problem: CertCheck | null }>;
+
 /**
- * Each domain's certificate for the plan. A serial already published here is judged by its
- * figures; any other is read whole and checked (the database is input like any other), so a pass
- * reads PEMs only for what changed. When the store does not answer, the published copies stand in:
- * the gateway serves what it has and orders nothing (the lock would not answer either).
+ * Each domain's certificate for the plan. A serial already published here, or already read and
+ * found usable, is judged by its figures; one not yet read is read whole and checked (the
+ * database is input like any other), and one found unusable stays so. So a pass reads PEMs only
+ * for what changed. When the store does not answer, the published copies stand in: the gateway
+ * serves what it has and orders nothing (the lock would not answer either).
  */
 export async function fleetLineages(
   shared: SharedCertificates,
   files: CertFiles,
   published: Map<string, Set<string>>,
+  checked: CheckedSerials,
   now: number,
   logger: Logger,
 ): Promise<Map<string, CertCheck>> {
@@ -49,9 +54,15 @@ export async function fleetLineages(
     }
     return out;
   }
+  for (const domain of checked.keys()) if (!stored.has(domain)) checked.delete(domain);
   for (const [domain, info] of stored) {
-    if (published.get(domain)?.has(info.serial)) out.set(domain, figuresCheck(info, now));
-    else out.set(domain, (await storedPair(shared, domain, now)).check);
+    let seen = checked.get(domain);
+    if (!published.get(domain)?.has(info.serial) && seen?.serial !== info.serial) {
+      const { check } = await storedPair(shared, domain, now);
+      seen = { serial: info.serial, problem: check.ok ? null : check };
+      checked.set(domain, seen);
+    }
+    out.set(domain, seen?.serial === info.serial && seen.problem ? seen.problem : figuresCheck(info, now));
   }
   return out;
 }

@@ -29,7 +29,7 @@ import {
 import { CertbotRunner, secret, type AcmeSettings, type CertbotDirs } from './certbot.js';
 import type { CertCheck } from './certificate.js';
 import { CertFiles } from './cert-files.js';
-import { fleetAttempt, fleetLineages, issuerName, storedPair } from './fleet.js';
+import { fleetAttempt, fleetLineages, issuerName, storedPair, type CheckedSerials } from './fleet.js';
 import { Issuer, requeueUntil } from './issuer.js';
 import { certificateMetricFamilies } from './metrics.js';
 import { actionFor, domainInput } from './plan.js';
@@ -149,6 +149,8 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
       : {}),
   });
   let lastBackoff: BackoffFile = { version: 1, domains: {}, orders: [] };
+  /** A fleet's stored certificates whose PEMs were read: a pass reads only new serials. */
+  const checkedSerials: CheckedSerials = new Map();
   /** The live status, for the metric families (read between passes). */
   let live: StatusWriter | null = null;
   const report = (ctx: LoopContext, info: DomainInfo): void => reportDomain(ctx.status, info, files.certsDir);
@@ -192,7 +194,7 @@ export function createTlsLoop(o: TlsLoopOptions): TlsLoop {
         : await backoff.load();
       const published = await files.published();
       let lineages = new Map<string, CertCheck>();
-      if (shared) lineages = await fleetLineages(shared, files, published, now, ctx.logger);
+      if (shared) lineages = await fleetLineages(shared, files, published, checkedSerials, now, ctx.logger);
       else
         for (const domain of await files.lineageDomains()) {
           const { certPem: _c, keyPem: _k, ...check } = await files.lineage(domain, now);
